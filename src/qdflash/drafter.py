@@ -1,0 +1,197 @@
+"""The DFlash block-diffusion drafter, built from transformers' Qwen3 building blocks.
+
+* ``fc`` projects the concatenation of the target hidden states of ``target_layer_ids`` (the output of 0-based
+  layer ``l`` is HF ``hidden_states[l + 1]``) to the drafter width; ``hidden_norm`` normalises it. That context is
+  injected as extra K/V into every layer (each layer's own ``k_proj``/``k_norm``/``v_proj``); queries come only
+  from the block.
+* A block is ``[anchor, MASK x (B-1)]`` embedded with the *target's* embedding; attention inside the block is
+  bidirectional; position k predicts the token at position k through the target's ``lm_head`` (same-position).
+* The checkpoint has no embeddings or lm_head and a config that vLLM's ``dflash`` method accepts
+  (``architectures: [DFlashDraftModel]``, ``model_type: qwen3``, ``block_size``, ``dflash_config``).
+
+Inference keeps a per-layer cache of *context* K/V only (block K/V are recomputed each step and never cached,
+which is the reference's ``crop(start)``). ``window`` enables the drafter sliding window: once the drafter
+context exceeds ``window`` tokens, block queries see only the last ``window`` context tokens (plus their block).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import (Qwen3Attention, Qwen3DecoderLayer, Qwen3PreTrainedModel,
+                                                      Qwen3RMSNorm, Qwen3RotaryEmbedding, repeat_kv, rotate_half)
+
+
+def build_drafter_config(target_config, num_layers: int, block_size: int, target_layer_ids, mask_token_id: int,
+                         intermediate_size: int | None = None, sliding_window: int | None = None) -> Qwen3Config:
+    tc = target_config
+    n_tgt = tc.num_hidden_layers
+    bad = [i for i in target_layer_ids if not 0 <= i < n_tgt]
+    if bad:
+        raise ValueError(f"target_layer_ids {bad} out of range for a {n_tgt}-layer target")
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    rope_theta = getattr(tc, "rope_theta", None) or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 1e6)
+    cfg = Qwen3Config(
+        vocab_size=tc.vocab_size, hidden_size=tc.hidden_size,
+        intermediate_size=intermediate_size or tc.intermediate_size, num_hidden_layers=num_layers,
+        num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads, head_dim=head_dim,
+        rms_norm_eps=getattr(tc, "rms_norm_eps", 1e-6), max_position_embeddings=tc.max_position_embeddings,
+        rope_theta=rope_theta, tie_word_embeddings=False, attention_bias=False,
+        layer_types=["full_attention"] * num_layers)
+    cfg.architectures = ["DFlashDraftModel"]
+    cfg.block_size = int(block_size)
+    cfg.num_target_layers = int(n_tgt)
+    cfg.target_hidden_size = int(tc.hidden_size)
+    cfg.dflash_config = {"mask_token_id": int(mask_token_id), "target_layer_ids": [int(i) for i in target_layer_ids]}
+    if sliding_window:
+        cfg.dflash_config.update({"use_swa": True, "swa_window_size": int(sliding_window)})
+    return cfg
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return x * cos + rotate_half(x) * sin
+
+
+@dataclass
+class DraftCache:
+    """Context K/V per layer (already normed and rotated): lists of [b, n_kv, T, d]."""
+    keys: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return 0 if not self.keys else self.keys[0].shape[2]
+
+
+class DFlashAttention(Qwen3Attention):
+    """Qwen3 attention whose keys/values are [context (cached + new) | block] and whose queries are the block."""
+
+    def forward(self, x, ctx, pe_q, pe_c, cache: DraftCache | None = None, attn_mask=None, window=None):
+        b, q_len, _ = x.shape
+        d = self.head_dim
+        q = self.q_norm(self.q_proj(x).view(b, q_len, -1, d)).transpose(1, 2)
+        kx = self.k_norm(self.k_proj(x).view(b, q_len, -1, d)).transpose(1, 2)
+        vx = self.v_proj(x).view(b, q_len, -1, d).transpose(1, 2)
+        q, kx = _rope(q, *pe_q), _rope(kx, *pe_q)
+        ks, vs = [], []
+        if ctx is not None and ctx.shape[1] > 0:
+            c = ctx.shape[1]
+            kc = _rope(self.k_norm(self.k_proj(ctx).view(b, c, -1, d)).transpose(1, 2), *pe_c)
+            vc = self.v_proj(ctx).view(b, c, -1, d).transpose(1, 2)
+            if cache is not None:
+                i = self.layer_idx
+                if len(cache.keys) <= i:
+                    cache.keys.append(kc)
+                    cache.values.append(vc)
+                else:
+                    cache.keys[i] = torch.cat([cache.keys[i], kc], 2)
+                    cache.values[i] = torch.cat([cache.values[i], vc], 2)
+            else:
+                ks, vs = [kc], [vc]
+        if cache is not None and len(cache.keys) > self.layer_idx:
+            ks, vs = [cache.keys[self.layer_idx]], [cache.values[self.layer_idx]]
+        if window is not None and ks and ks[0].shape[2] > window:
+            ks, vs = [ks[0][:, :, -window:]], [vs[0][:, :, -window:]]
+        k = torch.cat(ks + [kx], 2)
+        v = torch.cat(vs + [vx], 2)
+        k, v = repeat_kv(k, self.num_key_value_groups), repeat_kv(v, self.num_key_value_groups)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scaling)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class DFlashDecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, config: Qwen3Config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = DFlashAttention(config, layer_idx)
+
+    def forward(self, h, ctx, pe_q, pe_c, cache=None, attn_mask=None, window=None):
+        h = h + self.self_attn(self.input_layernorm(h), ctx, pe_q, pe_c, cache, attn_mask, window)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDraftModel(Qwen3PreTrainedModel):
+    config_class = Qwen3Config
+    _no_split_modules = ["DFlashDecoderLayer"]
+
+    def __init__(self, config: Qwen3Config):
+        super().__init__(config)
+        n_t = len(config.dflash_config["target_layer_ids"])
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.fc = nn.Linear(n_t * getattr(config, "target_hidden_size", config.hidden_size), config.hidden_size,
+                            bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.post_init()
+
+    @property
+    def block_size(self) -> int:
+        return int(self.config.block_size)
+
+    @property
+    def mask_token_id(self) -> int:
+        return int(self.config.dflash_config["mask_token_id"])
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return list(self.config.dflash_config["target_layer_ids"])
+
+    def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(target_hidden))
+
+    def forward(self, noise_embedding: torch.Tensor, target_hidden: torch.Tensor | None, q_pos: torch.Tensor,
+                ctx_pos: torch.Tensor | None, cache: DraftCache | None = None, attn_mask: torch.Tensor | None = None,
+                window: int | None = None) -> torch.Tensor:
+        """noise_embedding [b,Q,H]; target_hidden [b,C,n_t*H_t] (raw concat, new context only); positions [b,Q]
+        and [b,C]; attn_mask: bool [b,1,Q,K] over keys [context | block] (training) or None (inference)."""
+        h = noise_embedding
+        ctx = self.project_context(target_hidden) if target_hidden is not None and target_hidden.shape[1] else None
+        pe_q = self.rotary_emb(h, q_pos)
+        pe_c = self.rotary_emb(h, ctx_pos) if ctx is not None else None
+        for layer in self.layers:
+            h = layer(h, ctx, pe_q, pe_c, cache, attn_mask, window)
+        return self.norm(h)
+
+
+def target_features(hidden_states, layer_ids) -> torch.Tensor:
+    """Concatenate HF ``hidden_states[l + 1]`` (output of 0-based decoder layer l) over ``layer_ids``."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def new_drafter(target, num_layers: int, block_size: int, target_layer_ids, mask_token_id: int,
+                intermediate_size: int | None = None, seed: int = 0) -> DFlashDraftModel:
+    torch.manual_seed(seed)
+    cfg = build_drafter_config(target.config, num_layers, block_size, target_layer_ids, mask_token_id,
+                               intermediate_size)
+    return DFlashDraftModel(cfg).to(target.dtype)
+
+
+def save_drafter(drafter: DFlashDraftModel, out_dir: str | Path, extra: dict | None = None) -> Path:
+    import shutil
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    drafter.save_pretrained(tmp)
+    if extra:
+        (tmp / "drafter_meta.json").write_text(json.dumps(extra, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDraftModel:
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not a drafter checkpoint (no config.json)")
+    cfg = json.loads((path / "config.json").read_text())
+    if "DFlashDraftModel" not in (cfg.get("architectures") or []) or "dflash_config" not in cfg:
+        raise ValueError(f"{path} is not a DFlash drafter (architectures={cfg.get('architectures')})")
+    if cfg.get("quantization_config"):
+        from .drafter_quant import load_quantized_drafter
+        return load_quantized_drafter(path, dtype)
+    return DFlashDraftModel.from_pretrained(path, dtype=dtype).eval()

@@ -1,0 +1,262 @@
+"""Stages 02/03: DFlash drafter training (pretrain on the full-precision target, finetune on the QAD target, and the
+ablation trained directly on the QAD target with the same total budget), then evaluation with the reference decoder.
+
+One training step, per sequence: sample up to ``num_anchors`` anchors p among assistant tokens (``loss_mask[p]`` and
+``loss_mask[p+1]``), fresh every epoch; block n = ``[x_p, MASK x (B-1)]`` at positions p..p+B-1; its queries see
+target context strictly before p and their own block only (bidirectional); labels are the same-position tokens
+``x_{p+k}``, k >= 1, weighted ``exp(-(k-1)/gamma)``; loss = sum w CE / sum w. AdamW (weight decay 0), linear warmup
+then cosine, grad clip. Target hidden states are computed once per target (the target is frozen).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .config import DrafterConfig, default_gamma
+from .data import load_split
+from .drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter, target_features
+from .models import load_model, load_tokenizer, mask_token_id, resolve_target
+from .runio import atomic_write_text, finish_run, read_json, start_run
+
+
+@dataclass
+class DrafterResult:
+    out_dir: Path
+    drafters: dict
+    metrics: dict
+
+
+# ----------------------------------------------------------------------------------------------- features
+@torch.no_grad()
+def precompute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int = 4, progress=False):
+    from tqdm.auto import tqdm
+    feats = []
+    for b in tqdm(range(0, len(rows), bs), desc="target features", disable=not progress):
+        chunk = rows[b: b + bs]
+        for r in chunk:  # batch 1 per row keeps it padding-free and exact
+            ids = torch.tensor([r["input_ids"][:max_len]])
+            hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+            feats.append(target_features(hs, layer_ids)[0].to(torch.float32))
+    return feats
+
+
+# ----------------------------------------------------------------------------------------------- batches
+def sample_anchors(loss_mask: list[int], n_max: int, gen: torch.Generator) -> list[int]:
+    """Anchor candidates: p with loss_mask[p] and loss_mask[p+1] (at least one supervised label)."""
+    cand = [p for p in range(len(loss_mask) - 1) if loss_mask[p] and loss_mask[p + 1]]
+    if not cand:
+        return []
+    k = min(n_max, len(cand))
+    pick = torch.randperm(len(cand), generator=gen)[:k].tolist()
+    return sorted(cand[i] for i in pick)
+
+
+def block_mask(anchors: torch.Tensor, ctx_len: torch.Tensor, S: int, B: int) -> torch.Tensor:
+    """bool [b, 1, N*B, S + N*B]: block n sees context j < anchor_n (and j < valid length) plus its own block."""
+    b, N = anchors.shape
+    j = torch.arange(S)
+    a = anchors.repeat_interleave(B, 1)                                       # [b, N*B]
+    ctx = (j[None, None, :] < a[:, :, None]) & (j[None, None, :] < ctx_len[:, None, None])
+    blk = torch.arange(N).repeat_interleave(B)
+    own = blk[:, None] == blk[None, :]                                        # [N*B, N*B]
+    return torch.cat([ctx, own[None].expand(b, -1, -1)], -1)[:, None]
+
+
+def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Generator, gamma: float):
+    B, N = cfg.block_size, cfg.num_anchors
+    seqs = [rows[i]["input_ids"][: cfg.max_len] for i in idx]
+    lms = [rows[i]["loss_mask"][: cfg.max_len] for i in idx]
+    S = max(len(s) for s in seqs)
+    b = len(idx)
+    ids = torch.zeros((b, S), dtype=torch.long)
+    ctx = torch.zeros((b, S, feats[idx[0]].shape[-1]))
+    anchors = torch.zeros((b, N), dtype=torch.long)
+    keep = torch.zeros((b, N))
+    lens = torch.tensor([len(s) for s in seqs])
+    for r, (s, lm, i) in enumerate(zip(seqs, lms, idx)):
+        ids[r, : len(s)] = torch.tensor(s)
+        ctx[r, : len(s)] = feats[i][: len(s)]
+        a = sample_anchors(lm, N, gen)
+        anchors[r, : len(a)] = torch.tensor(a, dtype=torch.long)
+        keep[r, : len(a)] = 1
+    k = torch.arange(B)
+    pos = anchors[:, :, None] + k                                             # [b, N, B]
+    inb = pos < lens[:, None, None]
+    lm_t = torch.zeros((b, S + B))
+    for r, lm in enumerate(lms):
+        lm_t[r, : len(lm)] = torch.tensor(lm, dtype=torch.float32)
+    labels = torch.gather(F.pad(ids, (0, B)), 1, pos.reshape(b, -1)).reshape(b, N, B)
+    sup = torch.gather(lm_t, 1, pos.reshape(b, -1)).reshape(b, N, B)
+    decay = torch.exp(-(k - 1).clamp_min(0).float() / gamma) * (k > 0)
+    w = keep[:, :, None] * inb * sup * decay
+    noise = torch.full((b, N, B), mask_id, dtype=torch.long)
+    noise[:, :, 0] = torch.where(keep.bool(), torch.gather(ids, 1, anchors), torch.full_like(anchors, mask_id))
+    mask = block_mask(anchors, lens, S, B)
+    # a padded (unused) block must still see something: let it see its own block only (weight 0 anyway)
+    return {"noise_ids": noise.reshape(b, -1), "q_pos": pos.reshape(b, -1), "ctx": ctx,
+            "ctx_pos": torch.arange(S)[None].expand(b, -1), "mask": mask, "labels": labels.reshape(b, -1),
+            "weights": w.reshape(b, -1)}
+
+
+def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict) -> tuple[torch.Tensor, dict]:
+    dt = next(drafter.parameters()).dtype
+    noise = embed(batch["noise_ids"]).to(dt)
+    h = drafter(noise, batch["ctx"].to(dt), batch["q_pos"], batch["ctx_pos"], attn_mask=batch["mask"])
+    w = batch["weights"]
+    sel = w > 0
+    logits = lm_head(h[sel]).float()
+    ce = F.cross_entropy(logits, batch["labels"][sel], reduction="none")
+    loss = (ce * w[sel]).sum() / (w[sel].sum() + 1e-6)
+    acc = (logits.argmax(-1) == batch["labels"][sel]).float().mean()
+    return loss, {"acc": float(acc), "n_sup": int(sel.sum())}
+
+
+def _lr(step, total, warmup_frac, base):
+    warm = max(1, int(round(warmup_frac * total)))
+    if step < warm:
+        return base * (step + 1) / warm
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+
+def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cfg: DrafterConfig, epochs: int,
+                  ckpt: Path, log_path: Path, tag: str, progress=True) -> list[dict]:
+    """Train in place; resumable from ``ckpt`` (drafter + optimizer + step + log)."""
+    from tqdm.auto import tqdm
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    gamma = cfg.gamma or default_gamma(cfg.block_size)
+    mask_id = drafter.mask_token_id
+    steps_per_epoch = max(1, len(rows) // cfg.batch_size)
+    total = epochs * steps_per_epoch
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    step, log = 0, []
+    if ckpt.exists():
+        try:
+            st = torch.load(ckpt, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise ValueError(f"drafter checkpoint {ckpt} is corrupt; delete it to restart: {e}") from e
+        drafter.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, log = st["step"], st["log"]
+    drafter.train()
+    bar = tqdm(total=total, initial=step, desc=tag, disable=not progress)
+    while step < total:
+        epoch, within = divmod(step, steps_per_epoch)
+        gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)       # anchors + order fresh per epoch
+        order = torch.randperm(len(rows), generator=gen).tolist()
+        for _ in range(within):  # replay the epoch's anchor draws up to the resume point
+            make_batch(rows, feats, order[:1], cfg, mask_id, gen, gamma)
+        for s in range(within, steps_per_epoch):
+            idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
+            t0 = time.time()
+            batch = make_batch(rows, feats, idx, cfg, mask_id, gen, gamma)
+            lr = _lr(step, total, cfg.warmup_frac, cfg.lr)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss, info = drafter_loss(drafter, embed, lm_head, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip))
+            opt.step()
+            step += 1
+            log.append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr, "grad_norm": gn,
+                        "tok_per_s": sum(len(rows[i]["input_ids"][: cfg.max_len]) for i in idx) / (time.time() - t0),
+                        **info})
+            bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", acc=f"{info['acc']:.2f}")
+            bar.update(1)
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}, tmp)
+        tmp.replace(ckpt)
+        atomic_write_text(log_path, "".join(json.dumps(r) + "\n" for r in log))
+    bar.close()
+    drafter.eval()
+    return log
+
+
+# ----------------------------------------------------------------------------------------------- stages
+def _train_one(name, drafter, target, rows, feats, cfg, epochs, out, progress):
+    t0 = time.time()
+    log = train_drafter(drafter, target, rows, feats, cfg, epochs, out / f"{name}.ckpt.pt",
+                        out / f"train_log-{name}.jsonl", name, progress)
+    path = save_drafter(drafter, out / name, {"epochs": epochs, "steps": len(log)})
+    return path, {"steps": len(log), "epochs": epochs, "final_loss": log[-1]["loss"] if log else None,
+                  "final_acc": log[-1]["acc"] if log else None, "train_s": round(time.time() - t0, 2),
+                  "mean_tok_per_s": sum(r["tok_per_s"] for r in log) / max(1, len(log))}
+
+
+def drafter_name(cfg: DrafterConfig, kind: str) -> str:
+    return f"drafter-{kind}-L{cfg.num_layers}-b{cfg.block_size}"
+
+
+def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -> DrafterResult:
+    """Stage 02: pretrain against the full-precision target (the data stage's target)."""
+    t0 = time.time()
+    out = start_run(out_dir, cfg, "02_drafter_pretrain")
+    target_spec = read_json(Path(data_dir) / "config.json")["target"]
+    target = load_model(target_spec, cfg.dtype)
+    tok = load_tokenizer(target_spec)
+    rows = load_split(data_dir, "train")
+    feats = precompute_features(target, rows, cfg.target_layer_ids, cfg.max_len, progress=progress)
+    d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
+                    mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed)
+    path, info = _train_one(drafter_name(cfg, "pretrain"), d, target, rows, feats, cfg, cfg.epochs, out, progress)
+    n_params = sum(p.numel() for p in d.parameters())
+    m = finish_run(out, {"drafter": path.name, "target": target_spec, "params": n_params, "train": info}, t0)
+    return DrafterResult(out, {"pretrain": path}, m)
+
+
+def eval_prompts(data_dir, n: int) -> list[list[int]]:
+    rows = load_split(data_dir, "val")[:n]
+    return [r["input_ids"][: r["prompt_len"]] for r in rows]
+
+
+def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qad_dir, progress=True) -> DrafterResult:
+    """Stage 03: finetune the pretrained drafter against the QAD target (its dense twin); train the ablation
+    directly on the QAD target with the same total epochs; evaluate {pretrain, two-stage, direct, random} x
+    {full-precision, QAD} targets with the reference decoder."""
+    from .speculative import compare_with_plain
+    t0 = time.time()
+    out = start_run(out_dir, cfg, "03_drafter_finetune")
+    fp_spec = read_json(Path(data_dir) / "config.json")["target"]
+    qm = read_json(Path(qad_dir) / "metrics.json")
+    twin_dir = str(Path(qad_dir) / qm["names"]["twin"])
+    tok = load_tokenizer(fp_spec)
+    rows = load_split(data_dir, "train")
+    pre_meta = read_json(Path(pretrain_dir) / "metrics.json")
+    pre_path = Path(pretrain_dir) / pre_meta["drafter"]
+    qad_target = load_model(twin_dir, cfg.dtype)
+    feats = precompute_features(qad_target, rows, cfg.target_layer_ids, cfg.max_len, progress=progress)
+    ft = load_drafter(pre_path).train()
+    for p in ft.parameters():
+        p.requires_grad_(True)
+    info = {}
+    ft_epochs = max(1, cfg.finetune_epochs)
+    ft_path, info["two_stage"] = _train_one(drafter_name(cfg, "twostage"), ft, qad_target, rows, feats, cfg,
+                                            ft_epochs, out, progress)
+    direct = new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
+                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed)
+    dr_path, info["direct"] = _train_one(drafter_name(cfg, "direct"), direct, qad_target, rows, feats, cfg,
+                                         cfg.epochs + ft_epochs, out, progress)
+    del feats
+    # evaluation grid
+    prompts = eval_prompts(data_dir, cfg.eval_prompts)
+    drafters = {"pretrain": load_drafter(pre_path), "two_stage": load_drafter(ft_path),
+                "direct": load_drafter(dr_path),
+                "random": new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
+                                      mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed + 1)}
+    grid = {}
+    for tname, tspec in (("fp", resolve_target(fp_spec)), ("qad", str(Path(qad_dir) / qm["names"]["qad"]))):
+        tgt = load_model(tspec, cfg.dtype)
+        grid[tname] = compare_with_plain(tgt, prompts, cfg.eval_new_tokens, drafters, cfg.temperature,
+                                         tok.eos_token_id, seed=cfg.seed, progress=progress)
+        del tgt
+    m = finish_run(out, {"train": info, "decoding": grid, "drafters": {"pretrain": str(pre_path),
+                                                                      "two_stage": ft_path.name,
+                                                                      "direct": dr_path.name},
+                         "eval_prompts": len(prompts), "eval_new_tokens": cfg.eval_new_tokens}, t0)
+    return DrafterResult(out, {"two_stage": ft_path, "direct": dr_path, "pretrain": pre_path}, m)

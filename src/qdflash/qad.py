@@ -1,0 +1,257 @@
+"""Stage 01: PTQ baselines (RTN, GPTQ W4A16 via llmcompressor) and quantization-aware distillation (QAD).
+
+QAD: the student starts on a fixed INT4 grid (a PTQ result), trains the latent full-precision weights of the
+quantized Linears through fake quantization (straight-through estimator) with per-token forward
+KL(teacher || student) over the full vocabulary at temperature 1, chunked over tokens (each chunk's logits are
+recomputed in backward, so memory is bounded by ``kl_chunk_tokens``). The grid (scales) never moves.
+Embeddings, norms and lm_head stay full precision and frozen.
+
+Artifacts (names encode the config): ``ptq-rtn-w4a16-g{G}/``, ``ptq-gptq-w4a16-g{G}/``, ``qad-w4a16-g{G}/``
+(compressed-tensors pack-quantized) and ``qad-w4a16-g{G}-twin/`` (dense weights equal to the de-quantized student,
+the target for drafter fine-tuning); ``train_log.jsonl``; ``metrics.json``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .config import QADConfig
+from .data import load_split
+from .models import load_model, resolve_target
+from .quant import FakeQuantLinear, load_fake_quant_model, pack_checkpoint, run_ptq
+from .runio import atomic_write_text, dir_size_bytes, finish_run, start_run, torch_dtype, write_json
+
+
+@dataclass
+class QADResult:
+    out_dir: Path
+    packed: Path
+    twin: Path
+    metrics: dict
+
+
+def names(cfg: QADConfig) -> dict[str, str]:
+    g = cfg.group_size
+    return {"rtn": f"ptq-rtn-w4a16-g{g}", "gptq": f"ptq-gptq-w4a16-g{g}", "qad": f"qad-w4a16-g{g}",
+            "twin": f"qad-w4a16-g{g}-twin"}
+
+
+# ----------------------------------------------------------------------------------------------- batching
+def make_batches(rows: list[dict], batch_size: int, seq_len: int, pad_id: int, seed: int, epoch: int):
+    g = torch.Generator().manual_seed(seed * 1000 + epoch)
+    order = torch.randperm(len(rows), generator=g).tolist()
+    for b in range(0, len(order) - batch_size + 1, batch_size):
+        yield collate([rows[i] for i in order[b: b + batch_size]], seq_len, pad_id)
+
+
+def collate(rows: list[dict], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+    seqs = [r["input_ids"][:seq_len] for r in rows]
+    masks = [r["loss_mask"][:seq_len] for r in rows]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)
+    lm = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        ids[i, : len(s)] = torch.tensor(s)
+        att[i, : len(s)] = 1
+        lm[i, : len(m)] = torch.tensor(m)
+    return {"input_ids": ids, "attention_mask": att, "loss_mask": lm}
+
+
+# ----------------------------------------------------------------------------------------------- loss
+def _chunk_kl(h_s: torch.Tensor, h_t: torch.Tensor, w_s: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+    s = F.log_softmax(F.linear(h_s, w_s).float(), -1)
+    t = F.log_softmax(F.linear(h_t, w_t).float(), -1)
+    return (t.exp() * (t - s)).sum()
+
+
+def chunked_kl(h_s: torch.Tensor, h_t: torch.Tensor, head_s: torch.nn.Linear, head_t: torch.nn.Linear,
+               chunk: int) -> torch.Tensor:
+    """Sum over tokens of KL(teacher || student) from final hidden states [N, H]; logits live one chunk at a time."""
+    total = h_s.new_zeros((), dtype=torch.float32)
+    for i in range(0, h_s.shape[0], chunk):
+        total = total + checkpoint(_chunk_kl, h_s[i: i + chunk], h_t[i: i + chunk], head_s.weight,
+                                   head_t.weight, use_reentrant=False)
+    return total
+
+
+def kl_loss(student, teacher, batch: dict, chunk: int) -> tuple[torch.Tensor, int]:
+    valid = batch["attention_mask"].bool()
+    with torch.no_grad():
+        h_t = teacher.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    h_s = student.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    n = int(valid.sum())
+    return chunked_kl(h_s[valid], h_t[valid], student.lm_head, teacher.lm_head, chunk) / n, n
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def compare_to_teacher(model, teacher, rows: list[dict], seq_len: int, pad_id: int, bs: int = 4) -> dict:
+    """Token-weighted KL(teacher||model), top-1 agreement with the teacher (all tokens) and the model's perplexity
+    on the assistant tokens (next-token)."""
+    kl = agree = n = 0.0
+    nll = n_resp = 0.0
+    for b in range(0, len(rows), bs):
+        batch = collate(rows[b: b + bs], seq_len, pad_id)
+        valid = batch["attention_mask"].bool()
+        lt = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        lm = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        pt, pm = F.log_softmax(lt[valid], -1), F.log_softmax(lm[valid], -1)
+        kl += float((pt.exp() * (pt - pm)).sum())
+        agree += float((pt.argmax(-1) == pm.argmax(-1)).sum())
+        n += int(valid.sum())
+        tgt = batch["input_ids"][:, 1:]
+        m = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).bool()
+        lp = F.log_softmax(lm[:, :-1], -1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        nll -= float(lp[m].sum())
+        n_resp += int(m.sum())
+    return {"kl_to_teacher": kl / n, "top1_agreement": agree / n, "ppl_assistant": math.exp(nll / max(1, n_resp)),
+            "eval_tokens": int(n)}
+
+
+# ----------------------------------------------------------------------------------------------- training
+def lr_at(step: int, total: int, warmup_frac: float, base: float) -> float:
+    warm = max(1, int(round(warmup_frac * total)))
+    if step < warm:
+        return base * (step + 1) / warm
+    prog = (step - warm) / max(1, total - warm)
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
+
+
+def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, ckpt_dir: Path,
+              log_path: Path, progress: bool = True) -> list[dict]:
+    from tqdm.auto import tqdm
+    params = [m.weight for m in student.modules() if isinstance(m, FakeQuantLinear)]
+    for p in student.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=0.0)
+    step, log = 0, []
+    state_file = ckpt_dir / "last.pt"
+    if state_file.exists():  # resume
+        try:
+            st = torch.load(state_file, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise ValueError(f"QAD checkpoint {state_file} is corrupt; delete it to restart: {e}") from e
+        with torch.no_grad():
+            for p, v in zip(params, st["params"]):
+                p.copy_(v)
+        opt.load_state_dict(st["opt"])
+        step, log = st["step"], st["log"]
+        torch.set_rng_state(st["rng"])
+    student.train()
+    epoch = step * cfg.batch_size // max(1, len(rows))
+    batches = make_batches(rows, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, epoch)
+    skip = step - epoch * (len(rows) // cfg.batch_size)
+    for _ in range(max(0, skip)):
+        next(batches, None)
+    bar = tqdm(total=cfg.steps, initial=step, desc="QAD", disable=not progress)
+    while step < cfg.steps:
+        batch = next(batches, None)
+        if batch is None:
+            epoch += 1
+            batches = make_batches(rows, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, epoch)
+            continue
+        lr = lr_at(step, cfg.steps, cfg.warmup_frac, cfg.lr)
+        for gparam in opt.param_groups:
+            gparam["lr"] = lr
+        t0 = time.time()
+        loss, ntok = kl_loss(student, teacher, batch, cfg.kl_chunk_tokens)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        opt.step()
+        step += 1
+        rec = {"step": step, "kl": float(loss.detach()), "lr": lr, "grad_norm": gnorm, "tokens": ntok,
+               "tok_per_s": ntok / (time.time() - t0)}
+        log.append(rec)
+        bar.set_postfix(kl=f"{rec['kl']:.4f}")
+        bar.update(1)
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            tmp = state_file.with_suffix(".tmp")
+            torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict(), "step": step,
+                        "log": log, "rng": torch.get_rng_state()}, tmp)
+            tmp.replace(state_file)
+            atomic_write_text(log_path, "".join(json.dumps(r) + "\n" for r in log))
+    bar.close()
+    student.eval()
+    return log
+
+
+def save_twin(student, base_dir: str, out_dir: Path) -> Path:
+    """Dense checkpoint whose Linear weights are the student's de-quantized INT4 weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    twin = AutoModelForCausalLM.from_pretrained(base_dir, dtype=student.dtype)
+    with torch.no_grad():
+        for n, m in student.named_modules():
+            if isinstance(m, FakeQuantLinear):
+                twin.get_submodule(n).weight.copy_(m.quantized_weight())
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    twin.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------------------- stage
+def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress: bool = True) -> QADResult:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    t0 = time.time()
+    out = start_run(out_dir, cfg, "01_qad")
+    torch.manual_seed(cfg.seed)
+    base = resolve_target(cfg.target)
+    tok = AutoTokenizer.from_pretrained(base)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    train, val = load_split(data_dir, "train"), load_split(data_dir, "val")
+    val = val[: cfg.eval_seqs]
+    nm = names(cfg)
+    timings = {}
+    calib = [r["input_ids"][: cfg.seq_len] for r in train[: cfg.calib_samples]]
+    for method in ("rtn", "gptq"):
+        path = out / nm[method]
+        if not (path / "config.json").exists():
+            ts = time.time()
+            run_ptq(base, method, cfg.group_size, cfg.quant_targets, calib, path, cfg.gptq_dampening,
+                    max_seq_len=cfg.seq_len)
+            timings[f"ptq_{method}_s"] = round(time.time() - ts, 2)
+    dt = torch_dtype(cfg.dtype)
+    teacher = load_model(base, cfg.dtype)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    student, group, bits = load_fake_quant_model(out / nm[cfg.init_from], base, dt)
+    ckpt_dir = out / "qad-ckpt"
+    ckpt_dir.mkdir(exist_ok=True)
+    ts = time.time()
+    log = train_qad(cfg, student, teacher, train, pad, ckpt_dir, out / "train_log.jsonl", progress)
+    timings["qad_train_s"] = round(time.time() - ts, 2)
+    packed = pack_checkpoint(student, out / nm[cfg.init_from], out / nm["qad"])
+    twin = save_twin(student, base, out / nm["twin"])
+    # evaluation on held-out data: the saved artifacts, reloaded the way users load them
+    evals = {"teacher": compare_to_teacher(teacher, teacher, val, cfg.seq_len, pad)}
+    evals["teacher"]["file_mb"] = dir_size_bytes(base) / 2**20
+    for key in ("rtn", "gptq", "qad"):
+        m = AutoModelForCausalLM.from_pretrained(out / nm[key], dtype=dt).eval()
+        evals[key] = compare_to_teacher(m, teacher, val, cfg.seq_len, pad)
+        evals[key]["file_mb"] = dir_size_bytes(out / nm[key]) / 2**20
+        del m
+    n_params = sum(p.numel() for p in teacher.parameters())
+    evals["teacher"]["bf16_mb"] = n_params * 2 / 2**20
+    train_tokens = sum(r["tokens"] for r in log)
+    metrics = {"eval": evals, "names": nm, "group_size": group, "bits": bits, "steps": len(log),
+               "train_tokens": train_tokens, "final_train_kl": log[-1]["kl"] if log else None,
+               "initial_train_kl": log[0]["kl"] if log else None, "timings": timings,
+               "qad_beats_ptq": evals["qad"]["kl_to_teacher"] < min(evals["rtn"]["kl_to_teacher"],
+                                                                    evals["gptq"]["kl_to_teacher"])}
+    metrics = finish_run(out, metrics, t0)
+    return QADResult(out, packed, twin, metrics)

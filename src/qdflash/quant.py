@@ -1,0 +1,231 @@
+"""Shared INT4/INT8 weight-only quantization: llmcompressor PTQ, fake quantization on a frozen grid, and
+exact packing to compressed-tensors ``pack-quantized`` checkpoints.
+
+Grid convention: symmetric per-group, integers in ``[-2^(b-1), 2^(b-1)-1]`` ([-8, 7] for INT4), ``w = q * scale``.
+The scales are whatever llmcompressor's observer/GPTQ chose; QAD keeps them frozen and packs the trained
+weights onto exactly that grid (``pack_checkpoint``), never re-quantizing.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+
+def qrange(bits: int) -> tuple[int, int]:
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def quantize_ints(w: torch.Tensor, scale: torch.Tensor, group: int, bits: int = 4) -> torch.Tensor:
+    """Integer codes of ``w`` [out, in] on the grid ``scale`` [out, in/group]."""
+    out_f, in_f = w.shape
+    lo, hi = qrange(bits)
+    q = torch.round(w.reshape(out_f, in_f // group, group) / scale.unsqueeze(-1).to(w.dtype)).clamp(lo, hi)
+    return q.reshape(out_f, in_f)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    out_f, in_f = q.shape
+    return (q.reshape(out_f, in_f // group, group) * scale.unsqueeze(-1)).reshape(out_f, in_f)
+
+
+def fake_quant(w: torch.Tensor, scale: torch.Tensor, group: int, bits: int = 4) -> torch.Tensor:
+    """Quantize-dequantize with a straight-through estimator (identity gradient)."""
+    wq = dequantize(quantize_ints(w, scale, group, bits), scale.to(w.dtype), group)
+    return w + (wq - w).detach()
+
+
+def absmax_scale(w: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+    """RTN symmetric scale absmax / qmax (the convention of the nota drafter GPTQ, full [-8, 7] range)."""
+    out_f, in_f = w.shape
+    amax = w.detach().reshape(out_f, in_f // group, group).abs().amax(-1)
+    return (amax / qrange(bits)[1]).clamp_min(1e-8)
+
+
+class FakeQuantLinear(nn.Linear):
+    """``nn.Linear`` whose forward uses the weight fake-quantized on a frozen per-group grid (STE)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, scale: torch.Tensor, group: int,
+                 bits: int = 4, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        if in_features % group:
+            raise ValueError(f"in_features {in_features} is not a multiple of group size {group}")
+        self.group, self.bits = group, bits
+        self.register_buffer("weight_scale", scale.detach().clone().to(torch.float32), persistent=False)
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, scale: torch.Tensor, group: int, bits: int = 4) -> "FakeQuantLinear":
+        new = cls(lin.in_features, lin.out_features, lin.bias is not None, scale, group, bits,
+                  device=lin.weight.device, dtype=lin.weight.dtype)
+        new.weight = lin.weight
+        if lin.bias is not None:
+            new.bias = lin.bias
+        return new
+
+    def quantized_weight(self) -> torch.Tensor:
+        return fake_quant(self.weight, self.weight_scale, self.group, self.bits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.quantized_weight(), self.bias)
+
+
+def module_matches(name: str, targets: Iterable[str]) -> bool:
+    return any(name.endswith(t) or (t.startswith("re:") and re.match(t[3:], name)) for t in targets)
+
+
+def apply_fake_quant(model: nn.Module, scales: dict[str, torch.Tensor], group: int, bits: int = 4) -> list[str]:
+    """Swap every ``nn.Linear`` named in ``scales`` for a FakeQuantLinear on that grid; returns the names."""
+    done = []
+    for name, mod in list(model.named_modules()):
+        if name in scales and isinstance(mod, nn.Linear) and not isinstance(mod, FakeQuantLinear):
+            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+            setattr(parent, name.rsplit(".", 1)[-1], FakeQuantLinear.from_linear(mod, scales[name], group, bits))
+            done.append(name)
+    missing = sorted(set(scales) - set(done))
+    if missing:
+        raise KeyError(f"quantized modules not found in the model: {missing[:5]}...")
+    return done
+
+
+# ----------------------------------------------------------------------------------------------- llmcompressor
+def scheme(targets: Iterable[str], bits: int, group: int):
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    return QuantizationScheme(targets=list(targets), weights=QuantizationArgs(
+        num_bits=bits, type="int", symmetric=True, strategy="group", group_size=group))
+
+
+def target_regex(suffixes: Iterable[str]) -> str:
+    return "re:.*(" + "|".join(re.escape(s) for s in suffixes) + ")$"
+
+
+def run_ptq(model_dir: str, method: str, group: int, suffixes: Iterable[str], calib: list[list[int]],
+            out_dir: str | Path, dampening: float = 0.01, bits: int = 4, max_seq_len: int = 2048) -> Path:
+    """RTN or GPTQ W{bits}A16 of a causal LM with llmcompressor, saved as compressed-tensors pack-quantized.
+
+    Calibration order is fixed (``shuffle_calibration_samples=False``), so reruns are bit-identical.
+    """
+    import datasets
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = Path(out_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    groups = {"group_0": scheme([target_regex(suffixes)], bits, group)}
+    if method == "rtn":
+        oneshot(model=model, recipe=QuantizationModifier(config_groups=groups, ignore=["lm_head"]))
+    elif method == "gptq":
+        if not calib:
+            raise ValueError("GPTQ needs calibration sequences")
+        ds = datasets.Dataset.from_dict({"input_ids": [c[:max_seq_len] for c in calib],
+                                         "attention_mask": [[1] * len(c[:max_seq_len]) for c in calib]})
+        oneshot(model=model, dataset=ds, recipe=GPTQModifier(config_groups=groups, ignore=["lm_head"],
+                                                             dampening_frac=dampening),
+                num_calibration_samples=len(calib), max_seq_length=max_seq_len, shuffle_calibration_samples=False)
+    else:
+        raise ValueError(f"unknown PTQ method {method!r} (rtn or gptq)")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, save_compressed=True)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------------------- pack / unpack
+def _load_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    files = sorted(Path(ckpt).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {ckpt}")
+    state = {}
+    for f in files:
+        try:
+            state.update(load_file(f))
+        except Exception as e:  # truncated / corrupt file
+            raise ValueError(f"cannot read checkpoint file {f} (corrupt or incomplete?): {e}") from e
+    return state
+
+
+def read_grid(ckpt: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int, int]:
+    """Integer codes and scales of every packed Linear in a compressed-tensors checkpoint.
+
+    Returns (ints by module name, scales by module name, group size, bits)."""
+    from compressed_tensors.compressors import unpack_from_int32
+    cfg = json.loads((Path(ckpt) / "config.json").read_text())
+    qc = cfg.get("quantization_config")
+    if not qc:
+        raise ValueError(f"{ckpt} is not a compressed-tensors checkpoint (no quantization_config)")
+    w = next(iter(qc["config_groups"].values()))["weights"]
+    group, bits = int(w["group_size"]), int(w["num_bits"])
+    state = _load_state(ckpt)
+    ints, scales = {}, {}
+    for k, v in state.items():
+        if k.endswith(".weight_packed"):
+            name = k[: -len(".weight_packed")]
+            shape = torch.Size(state[name + ".weight_shape"].tolist())
+            ints[name] = unpack_from_int32(v, bits, shape).to(torch.int8)
+            scales[name] = state[name + ".weight_scale"].to(torch.float32)
+    return ints, scales, group, bits
+
+
+def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | Path) -> Path:
+    """Write ``model`` (FakeQuantLinear on the template's grid) as a pack-quantized checkpoint.
+
+    Quantized weights are stored as the exact integer codes of the fake-quant forward with the template's scales;
+    everything else dense. ``config.json`` (with its quantization_config) and tokenizer files come from the
+    template, so the result loads in transformers and vLLM like the PTQ checkpoint it started from.
+    """
+    from compressed_tensors.compressors import pack_to_int32
+    from safetensors.torch import save_file
+    template_ckpt, out_dir = Path(template_ckpt), Path(out_dir)
+    _, t_scales, group, bits = read_grid(template_ckpt)
+    fq = {n: m for n, m in model.named_modules() if isinstance(m, FakeQuantLinear)}
+    if set(fq) != set(t_scales):
+        raise ValueError(f"quantized modules differ from the template: {sorted(set(fq) ^ set(t_scales))[:5]}")
+    state = {}
+    for k, v in model.state_dict().items():
+        mod = k.rsplit(".", 1)[0]
+        if mod in fq and k.endswith(".weight"):
+            m = fq[mod]
+            if not torch.equal(m.weight_scale.cpu(), t_scales[mod]):
+                raise ValueError(f"{mod}: its grid moved away from the template's (scales differ)")
+            q = quantize_ints(m.weight.detach().float().cpu(), m.weight_scale.cpu(), group, bits).to(torch.int8)
+            state[mod + ".weight_packed"] = pack_to_int32(q, bits).contiguous()
+            state[mod + ".weight_scale"] = t_scales[mod].clone()
+            state[mod + ".weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+        else:
+            state[k] = v.detach().cpu().contiguous()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    for f in template_ckpt.iterdir():
+        if f.suffix in (".json", ".jinja", ".txt", ".model") and f.name != "model.safetensors.index.json":
+            shutil.copy(f, tmp / f.name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.dtype = torch.float32):
+    """The dense ``base_dir`` model with every packed Linear of ``ckpt`` replaced by its de-quantized weight,
+    wrapped in FakeQuantLinear on the checkpoint's grid (the QAD student's starting point)."""
+    from transformers import AutoModelForCausalLM
+    ints, scales, group, bits = read_grid(ckpt)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+    with torch.no_grad():
+        for name, q in ints.items():
+            lin = model.get_submodule(name)
+            lin.weight.copy_(dequantize(q.to(torch.float32), scales[name], group).to(dtype))
+    apply_fake_quant(model, scales, group, bits)
+    return model, group, bits

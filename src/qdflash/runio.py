@@ -1,0 +1,146 @@
+"""Run directories: atomic writes, config/metrics/git SHA bookkeeping, jsonl helpers, cache paths."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .config import to_dict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    """Where converted models live (``QDFLASH_CACHE`` overrides; default ``<repo>/.cache/qdflash``)."""
+    d = Path(os.environ.get("QDFLASH_CACHE", REPO_ROOT / ".cache" / "qdflash"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def runs_dir(preset: str) -> Path:
+    return Path(os.environ.get("QDFLASH_RUNS", REPO_ROOT / "runs")) / preset
+
+
+def git_sha() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha or "unknown") + ("-dirty" if dirty else "")
+    except Exception:  # not a git checkout (e.g. an installed wheel)
+        return "unknown"
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; run the stage that produces it first")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON (corrupt or partially written?): {e}") from e
+
+
+def _jsonable(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def start_run(out_dir: str | Path, cfg: Any, stage: str) -> Path:
+    """Create the run directory and record config.json + run.json (git SHA, host, start time)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", {"stage": stage, **to_dict(cfg)})
+    write_json(out / "run.json", {"stage": stage, "git_sha": git_sha(), "python": sys.version.split()[0],
+                                  "platform": platform.platform(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                  "argv": sys.argv})
+    return out
+
+
+def finish_run(out_dir: str | Path, metrics: dict[str, Any], t0: float) -> dict[str, Any]:
+    metrics = {**metrics, "wall_time_s": round(time.time() - t0, 2), "git_sha": git_sha()}
+    write_json(Path(out_dir) / "metrics.json", metrics)
+    return metrics
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                # a killed run can leave a half-written last line: drop it, anything earlier is an error
+                rest = f.read().strip()
+                if rest:
+                    raise ValueError(f"{path}: corrupt line {i + 1}")
+    return rows
+
+
+@contextmanager
+def appending(path: str | Path) -> Iterator[Any]:
+    """Append lines durably (flush + fsync after each write) so a killed run loses at most a partial line."""
+    f = open(path, "a")
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def dir_size_bytes(path: str | Path, pattern: str = "*.safetensors") -> int:
+    return sum(p.stat().st_size for p in Path(path).glob(pattern))
+
+
+def torch_dtype(name: str):
+    import torch
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                "float64": torch.float64}[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}") from None
