@@ -121,6 +121,7 @@ class EvalConfig:
 @dataclass(frozen=True)
 class FiguresConfig:
     preset: str
+    fig_dir: str | None = None      # None -> figures/<preset> in the repository
     formats: tuple[str, ...] = ("pdf", "png")
 
 
@@ -137,7 +138,7 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
     QADConfig: {
         "tiny": dict(target="tiny", group_size=32, steps=6, lr=1e-2, batch_size=4, seq_len=96,
                      calib_samples=8, eval_seqs=6, save_every=3),
-        "smol": dict(target="smol", group_size=32, steps=120, lr=2e-5, batch_size=4, seq_len=320,
+        "smol": dict(target="smol", group_size=32, steps=120, lr=1e-4, batch_size=4, seq_len=320,
                      calib_samples=64, eval_seqs=56, save_every=40),
         "full": dict(target="Qwen/Qwen3.5-4B", group_size=32, steps=8000, lr=2e-6, batch_size=16,
                      seq_len=16384, calib_samples=512, eval_seqs=512, save_every=1000, dtype="bfloat16",
@@ -164,7 +165,7 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
     },
     EvalConfig: {
         "tiny": dict(n_mc=4, n_ifeval=4, n_gpqa=4, max_gen_toks=16),
-        "smol": dict(n_mc=40, n_ifeval=30, n_gpqa=30, max_gen_toks=96),
+        "smol": dict(n_mc=24, n_ifeval=21, n_gpqa=20, max_gen_toks=64),
         "full": dict(n_mc=-1, n_ifeval=-1, n_gpqa=-1, max_gen_toks=2048, batch_size=16),
     },
     FiguresConfig: {"tiny": {}, "smol": {}, "full": {}},

@@ -167,6 +167,8 @@ def regenerate(model, tok, items: list[dict], cfg: DataConfig, partial: Path, pr
     """Regenerate responses with the target, resuming from ``partial`` if present."""
     from tqdm.auto import tqdm
     done = {r["id"]: r for r in read_jsonl(partial)} if partial.exists() else {}
+    if partial.exists():  # drop a half-written last line left by a killed run before appending
+        write_jsonl(partial, done.values())
     todo = [it for it in items if it["id"] not in done]
     todo.sort(key=lambda it: len(it["prompt_ids"]))          # length-sorted batches waste less padding
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="regenerate", disable=not progress)

@@ -186,7 +186,9 @@ def _train_one(name, drafter, target, rows, feats, cfg, epochs, out, progress):
     path = save_drafter(drafter, out / name, {"epochs": epochs, "steps": len(log)})
     return path, {"steps": len(log), "epochs": epochs, "final_loss": log[-1]["loss"] if log else None,
                   "final_acc": log[-1]["acc"] if log else None, "train_s": round(time.time() - t0, 2),
-                  "mean_tok_per_s": sum(r["tok_per_s"] for r in log) / max(1, len(log))}
+                  "mean_tok_per_s": sum(r["tok_per_s"] for r in log) / max(1, len(log)),
+                  "curve": [{"step": r["step"], "loss": r["loss"], "acc": r["acc"]}
+                            for r in log[:: max(1, len(log) // 200)]]}
 
 
 def drafter_name(cfg: DrafterConfig, kind: str) -> str:

@@ -251,6 +251,8 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     metrics = {"eval": evals, "names": nm, "group_size": group, "bits": bits, "steps": len(log),
                "train_tokens": train_tokens, "final_train_kl": log[-1]["kl"] if log else None,
                "initial_train_kl": log[0]["kl"] if log else None, "timings": timings,
+               "curve": [{"step": r["step"], "kl": r["kl"]} for r in log[:: max(1, len(log) // 200)]],
+               "train_tok_per_s": train_tokens / max(1e-9, timings.get("qad_train_s", 0.0) or 1e-9),
                "qad_beats_ptq": evals["qad"]["kl_to_teacher"] < min(evals["rtn"]["kl_to_teacher"],
                                                                     evals["gptq"]["kl_to_teacher"])}
     metrics = finish_run(out, metrics, t0)

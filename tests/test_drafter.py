@@ -1,0 +1,157 @@
+import torch
+import pytest
+
+from qdflash.data import prompt_ids
+from qdflash.drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter
+from qdflash.drafter_train import block_mask, make_batch, sample_anchors
+from qdflash.config import DrafterConfig, load_config
+from qdflash.speculative import acceptance_stats, compare_with_plain, generate
+
+PROMPTS = ["tell me about the moon", "why is the sky blue", "write a song about cats and dogs", "hello"]
+
+
+def _prompts(tok):
+    return [prompt_ids(tok, p) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("block,seed", [(2, 0), (4, 1), (6, 2)])
+def test_greedy_speculative_equals_greedy_target(tiny_target, block, seed):
+    target, tok = tiny_target
+    d = new_drafter(target, 1, block, [0, 3], tok.mask_token_id, seed=seed).to(torch.float64).eval()
+    ps = _prompts(tok)
+    plain = [generate(target, p, 40, None, eos_token_id=tok.eos_token_id).tokens for p in ps]
+    spec = [generate(target, p, 40, d, eos_token_id=tok.eos_token_id).tokens for p in ps]
+    assert spec == plain
+    # and against transformers' own greedy generate
+    ids = torch.tensor([ps[0]])
+    ref = target.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)[0, len(ps[0]):].tolist()
+    assert spec[0] == ref
+
+
+class CopyDrafter(torch.nn.Module):
+    """Test double with the drafter interface whose drafts are the target's own greedy continuation."""
+
+    def __init__(self, target, prompt, block, mask_id):
+        super().__init__()
+        self.t, self.hist, self.block_size, self.mask_token_id = target, list(prompt), block, mask_id
+        self.target_layer_ids, self.prev = [0], None
+
+    def forward(self, noise, ctx, q_pos, ctx_pos, cache=None, window=None):
+        emb = self.t.get_input_embeddings().weight
+        x = int((emb - noise[0, 0]).abs().sum(-1).argmin())
+        if self.prev is not None:
+            self.hist += self.prev[: ctx.shape[1]]
+        seq = self.hist + [x]
+        hs = []
+        for _ in range(self.block_size - 1):
+            h = self.t.model(torch.tensor([seq])).last_hidden_state[:, -1]
+            hs.append(h)
+            seq.append(int(self.t.lm_head(h)[0].argmax()))
+        self.prev = seq[len(self.hist):]
+        return torch.stack([hs[0]] + hs, 1)
+
+
+def test_copy_drafter_reaches_tau_B(tiny_target):
+    target, tok = tiny_target
+    for B in (3, 5):
+        res = []
+        for p in _prompts(tok)[:2]:
+            d = CopyDrafter(target, p, B, tok.mask_token_id)
+            res.append(generate(target, p, 30, d, eos_token_id=None))
+        st = acceptance_stats(res)
+        full = [a for r in res for a in r.accept_lengths[:-1]]      # the last step may be cut by max tokens
+        assert all(a == B for a in full) and st["tau"] > B - 1
+
+
+def test_per_position_rates_sum_to_tau_minus_one(tiny_target):
+    target, tok = tiny_target
+    d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=3).to(torch.float64).eval()
+    res = [generate(target, p, 30, d, eos_token_id=tok.eos_token_id) for p in _prompts(tok)]
+    for r in res:  # give the stats some accepted drafts to count
+        r.accept_lengths = r.accept_lengths + [4, 2, 3]
+    st = acceptance_stats(res)
+    assert abs(sum(st["per_position"]) - (st["tau"] - 1)) < 1e-12
+    assert st["per_position"] == sorted(st["per_position"], reverse=True)
+    assert sum(st["histogram"]) == st["steps"]
+
+
+def test_sampled_speculative_decoding_runs_and_is_seeded(tiny_target):
+    target, tok = tiny_target
+    d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id).to(torch.float64).eval()
+    p = _prompts(tok)[0]
+    a = generate(target, p, 20, d, temperature=0.8, seed=5).tokens
+    b = generate(target, p, 20, d, temperature=0.8, seed=5).tokens
+    assert a == b and len(a) == 20 or tok.eos_token_id in a
+
+
+def test_training_mask_obeys_strict_anchor_rule():
+    anchors = torch.tensor([[3, 7]])
+    m = block_mask(anchors, torch.tensor([10]), 10, 4)[0, 0]       # [8, 10 + 8]
+    for n, a in enumerate([3, 7]):
+        for q in range(n * 4, n * 4 + 4):
+            ctx_seen = m[q, :10].nonzero().flatten().tolist()
+            assert ctx_seen == list(range(a))                        # strictly before the anchor
+            blk_seen = (m[q, 10:].nonzero().flatten()).tolist()
+            assert blk_seen == list(range(n * 4, n * 4 + 4))         # its own block, bidirectionally
+
+
+def test_batch_labels_are_same_position_and_weights_decay():
+    cfg = load_config(DrafterConfig, "tiny", num_anchors=3, block_size=4, gamma=2.0)
+    ids = list(range(100, 120))
+    rows = [{"input_ids": ids, "loss_mask": [0] * 8 + [1] * 12}]
+    feats = [torch.zeros(20, 6)]
+    b = make_batch(rows, feats, [0], cfg, mask_id=5, gen=torch.Generator().manual_seed(0), gamma=2.0)
+    anchors = b["q_pos"][0, ::4]
+    assert all(8 <= int(a) <= 18 for a in anchors)
+    for n, a in enumerate(anchors.tolist()):
+        assert b["noise_ids"][0, n * 4] == ids[a] and (b["noise_ids"][0, n * 4 + 1: n * 4 + 4] == 5).all()
+        for k in range(4):
+            if a + k < 20:
+                assert b["labels"][0, n * 4 + k] == ids[a + k]
+        w = b["weights"][0, n * 4: n * 4 + 4]
+        assert w[0] == 0 and (w[1] == 1 or a + 1 >= 20)
+        if a + 2 < 20:
+            assert torch.isclose(w[2], torch.exp(torch.tensor(-0.5)))
+    assert sample_anchors([0, 0, 1, 1, 1, 0], 10, torch.Generator()) == [2, 3]
+
+
+def test_swa_window_larger_than_context_changes_nothing(tiny_target):
+    target, tok = tiny_target
+    d = new_drafter(target, 2, 4, [0, 3], tok.mask_token_id, seed=4).to(torch.float64).eval()
+    p = _prompts(tok)[2]
+    a = generate(target, p, 30, d, eos_token_id=tok.eos_token_id)
+    b = generate(target, p, 30, d, eos_token_id=tok.eos_token_id, window=10_000)
+    assert a.tokens == b.tokens and a.accept_lengths == b.accept_lengths
+    # a window shorter than the context does change the drafter's view
+    from qdflash.drafter import DraftCache
+    emb = target.get_input_embeddings()
+    ctx = torch.randn(1, 20, 2 * target.config.hidden_size, dtype=torch.float64)
+    noise = emb(torch.tensor([[p[0]] + [tok.mask_token_id] * 3]))
+    q = torch.arange(20, 24)[None]
+    c = torch.arange(20)[None]
+    full = d(noise, ctx, q, c, DraftCache())
+    assert torch.equal(full, d(noise, ctx, q, c, DraftCache(), window=20))
+    assert not torch.allclose(full, d(noise, ctx, q, c, DraftCache(), window=5))
+
+
+def test_drafter_checkpoint_roundtrip_and_vllm_config(tmp_path, tiny_target):
+    import json
+    target, tok = tiny_target
+    d = new_drafter(target, 2, 4, [0, 3], tok.mask_token_id, seed=1).eval()
+    p = save_drafter(d, tmp_path / "drafter-L2-b4")
+    cfg = json.loads((p / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["block_size"] == 4 and cfg["dflash_config"] == {"mask_token_id": tok.mask_token_id,
+                                                               "target_layer_ids": [0, 3]}
+    from safetensors import safe_open
+    keys = set(safe_open(str(p / "model.safetensors"), "pt").keys())
+    assert "fc.weight" in keys and "hidden_norm.weight" in keys and "layers.0.self_attn.q_proj.weight" in keys
+    assert not any(k.startswith(("embed_tokens", "lm_head", "model.")) for k in keys)
+    r = load_drafter(p)
+    for (k, v), (k2, v2) in zip(d.state_dict().items(), r.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    with pytest.raises(ValueError, match="out of range"):
+        new_drafter(target, 1, 4, [0, 99], tok.mask_token_id)
+    with pytest.raises(FileNotFoundError):
+        load_drafter(tmp_path / "nope")
