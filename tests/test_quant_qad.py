@@ -16,11 +16,12 @@ def test_pack_unpack_roundtrip():
 
 
 def test_fake_quant_is_on_grid_with_identity_gradient():
+    torch.manual_seed(0)
     w = torch.randn(8, 64, requires_grad=True)
     s = Q.absmax_scale(w, 32, 4)
     wq = Q.fake_quant(w, s, 32)
     q = wq.detach().reshape(8, 2, 32) / s.unsqueeze(-1)
-    assert torch.allclose(q, q.round(), atol=1e-5) and q.min() >= -8 and q.max() <= 7
+    assert torch.allclose(q, q.round(), atol=1e-5) and q.min() > -8.001 and q.max() < 7.001
     wq.sum().backward()
     assert torch.equal(w.grad, torch.ones_like(w))
 
@@ -32,7 +33,7 @@ def test_one_qad_step_lowers_kl(tiny_pipeline):
     base = read_json(runs / "00_data" / "config.json")["target"]
     from qdflash.models import load_model, resolve_target
     teacher = load_model(base)
-    student, _, _ = Q.load_fake_quant_model(q / names(cfg)["gptq"], resolve_target(base))
+    student, _, _ = Q.load_fake_quant_model(q / names(cfg)["gptq"], resolve_target(base), latent_init="jitter")
     rows = read_jsonl(runs / "00_data" / "train.jsonl")[:4]
     batch = collate(rows, cfg.seq_len, 0)
     params = [m.weight for m in student.modules() if isinstance(m, Q.FakeQuantLinear)]
@@ -40,13 +41,17 @@ def test_one_qad_step_lowers_kl(tiny_pipeline):
         p.requires_grad_(p in set(params))
     with torch.no_grad():
         before = float(kl_loss(student, teacher, batch, 64)[0])
-    opt = torch.optim.SGD(params, lr=0.02)
+    opt = torch.optim.Adam(params, lr=1e-3)
     loss, _ = kl_loss(student, teacher, batch, 64)
     loss.backward()
     opt.step()
     with torch.no_grad():
         after = float(kl_loss(student, teacher, batch, 64)[0])
-    assert before > 0 and after < before
+    assert before > 0 and after < 0.99 * before
+    # jittered latents keep the PTQ model exactly: the starting KL equals the GPTQ checkpoint's
+    grid, _, _ = Q.load_fake_quant_model(q / names(cfg)["gptq"], resolve_target(base), latent_init="grid")
+    with torch.no_grad():
+        assert abs(float(kl_loss(grid, teacher, batch, 64)[0]) - before) < 1e-6
 
 
 def test_packed_qad_checkpoint_reproduces_fake_quant_logits(tiny_pipeline):

@@ -53,6 +53,7 @@ class QADConfig:
     seq_len: int
     calib_samples: int              # PTQ calibration sequences (fixed order)
     init_from: str = "gptq"         # PTQ result whose grid the student keeps: "gptq" or "rtn"
+    latent_init: str = "grid"       # "grid" (paper: latents at bin centres) or "jitter" (uniform inside the bins)
     quant_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     gptq_dampening: float = 0.01
     warmup_frac: float = 0.03
@@ -138,7 +139,7 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
     QADConfig: {
         "tiny": dict(target="tiny", group_size=32, steps=6, lr=1e-2, batch_size=4, seq_len=96,
                      calib_samples=8, eval_seqs=6, save_every=3),
-        "smol": dict(target="smol", group_size=32, steps=120, lr=1e-4, batch_size=4, seq_len=320,
+        "smol": dict(target="smol", group_size=32, steps=60, lr=1e-4, batch_size=4, seq_len=256,
                      calib_samples=64, eval_seqs=56, save_every=40),
         "full": dict(target="Qwen/Qwen3.5-4B", group_size=32, steps=8000, lr=2e-6, batch_size=16,
                      seq_len=16384, calib_samples=512, eval_seqs=512, save_every=1000, dtype="bfloat16",
@@ -211,6 +212,8 @@ def _validate(cfg: Any) -> None:
             raise ConfigError("val_fraction must be in (0, 1)")
     if isinstance(cfg, QADConfig) and cfg.init_from not in ("gptq", "rtn"):
         raise ConfigError("init_from must be 'gptq' or 'rtn'")
+    if isinstance(cfg, QADConfig) and cfg.latent_init not in ("grid", "jitter"):
+        raise ConfigError("latent_init must be 'grid' or 'jitter'")
     if isinstance(cfg, DrafterConfig):
         if cfg.block_size < 2:
             raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")

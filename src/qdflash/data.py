@@ -144,8 +144,8 @@ def generate_batch(model, tok, batch_ids: list[list[int]], cfg: DataConfig, seed
     import torch
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     width = max(len(x) for x in batch_ids)
-    ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch_ids])
-    att = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch_ids])
+    ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch_ids], device=model.device)
+    att = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch_ids], device=model.device)
     torch.manual_seed(seed)
     kw = dict(do_sample=cfg.temperature > 0, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
               eos_token_id=tok.eos_token_id)

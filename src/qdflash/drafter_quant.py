@@ -79,19 +79,20 @@ def collect_hessians(drafter: DFlashDraftModel, target, rows: list[dict], anchor
     embed = target.get_input_embeddings()
     try:
         for r in tqdm(rows, desc="GPTQ calibration", disable=not progress):
-            ids = torch.tensor([r["input_ids"]])
+            ids = torch.tensor([r["input_ids"]], device=target.device)
             anchors = even_anchors(r["loss_mask"], anchors_per_conv, B)
             if not anchors:
                 continue
             hs = target(input_ids=ids, output_hidden_states=True).hidden_states
             ctx = target_features(hs, drafter.target_layer_ids)
             S = ids.shape[1]
-            a = torch.tensor([anchors])
-            blocks = torch.full((1, len(anchors), B), mask_id)
+            dev = target.device
+            a = torch.tensor([anchors], device=dev)
+            blocks = torch.full((1, len(anchors), B), mask_id, device=dev)
             blocks[0, :, 0] = ids[0, a[0]]
-            q_pos = (a[:, :, None] + torch.arange(B)).reshape(1, -1)
-            drafter(embed(blocks.reshape(1, -1)), ctx, q_pos, torch.arange(S)[None],
-                    attn_mask=block_mask(a, torch.tensor([S]), S, B))
+            q_pos = (a[:, :, None] + torch.arange(B, device=dev)).reshape(1, -1)
+            drafter(embed(blocks.reshape(1, -1)), ctx, q_pos, torch.arange(S, device=dev)[None],
+                    attn_mask=block_mask(a.cpu(), torch.tensor([S]), S, B).to(dev))
     finally:
         for h in handles:
             h.remove()
@@ -102,7 +103,7 @@ def observer_scales(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
     from compressed_tensors.quantization.utils import calculate_qparams
     out_f, in_f = w.shape
     g = w.float().reshape(out_f, in_f // args.group_size, args.group_size)
-    zeros = torch.zeros(g.shape[:2])
+    zeros = torch.zeros(g.shape[:2], device=w.device)
     scale, zp = calculate_qparams(torch.minimum(g.amin(-1), zeros), torch.maximum(g.amax(-1), zeros), args)
     return scale, zp
 
@@ -120,7 +121,7 @@ def gptq_drafter(drafter: DFlashDraftModel, hessians: dict, group: int, dampenin
         q, loss, _ = quantize_weight(lin.weight.data.float()[None].clone(), Hm[None].clone(), scale[None], zp[None],
                                      None, args, blocksize=128, percdamp=dampening)
         lin.weight.data.copy_(q[0].to(lin.weight.dtype))
-        out[name] = (scale.to(torch.float32), float(loss[0]))
+        out[name] = (scale.to(torch.float32).cpu(), float(loss[0]))
     return out
 
 
@@ -226,10 +227,10 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
     timings = {}
     if not (out / n4 / "config.json").exists():
         ts = time.time()
-        d = load_drafter(src)
+        d = load_drafter(src).to(twin.device)
         H = collect_hessians(d, twin, rows, cfg.anchors_per_conv, cfg.include_fc, progress)
         res = gptq_drafter(d, H, g4, cfg.dampening)
-        save_packed_drafter(d, {k: v[0] for k, v in res.items()}, 4, g4, out / n4,
+        save_packed_drafter(d.cpu(), {k: v[0] for k, v in res.items()}, 4, g4, out / n4,
                             {"gptq_loss": {k: v[1] for k, v in res.items()}, "calib_convs": len(rows),
                              "anchors_per_conv": cfg.anchors_per_conv, "dampening": cfg.dampening})
         timings["gptq_s"] = round(time.time() - ts, 2)
@@ -239,7 +240,8 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
         timings["rtn_w8_s"] = round(time.time() - ts, 2)
     tok = load_tokenizer(str(Path(qad_dir) / qm["names"]["qad"]))
     target = load_model(str(Path(qad_dir) / qm["names"]["qad"]))
-    drafters = {"fp32": load_drafter(src), "w8a16": load_drafter(out / n8), "w4a16": load_drafter(out / n4)}
+    drafters = {k: load_drafter(p).to(target.device) for k, p in
+                (("fp32", src), ("w8a16", out / n8), ("w4a16", out / n4))}
     prompts = eval_prompts(data_dir, cfg.eval_prompts)
     table = {}
     for swa in (None, cfg.swa_window):

@@ -40,9 +40,9 @@ def precompute_features(target, rows: list[dict], layer_ids, max_len: int, bs: i
     for b in tqdm(range(0, len(rows), bs), desc="target features", disable=not progress):
         chunk = rows[b: b + bs]
         for r in chunk:  # batch 1 per row keeps it padding-free and exact
-            ids = torch.tensor([r["input_ids"][:max_len]])
+            ids = torch.tensor([r["input_ids"][:max_len]], device=target.device)
             hs = target(input_ids=ids, output_hidden_states=True).hidden_states
-            feats.append(target_features(hs, layer_ids)[0].to(torch.float32))
+            feats.append(target_features(hs, layer_ids)[0].to(torch.float32).cpu())
     return feats
 
 
@@ -106,6 +106,7 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
 
 def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict) -> tuple[torch.Tensor, dict]:
     dt = next(drafter.parameters()).dtype
+    batch = {k: v.to(drafter.device, non_blocking=True) for k, v in batch.items()}
     noise = embed(batch["noise_ids"]).to(dt)
     h = drafter(noise, batch["ctx"].to(dt), batch["q_pos"], batch["ctx_pos"], attn_mask=batch["mask"])
     w = batch["weights"]
@@ -205,7 +206,7 @@ def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -
     rows = load_split(data_dir, "train")
     feats = precompute_features(target, rows, cfg.target_layer_ids, cfg.max_len, progress=progress)
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
-                    mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed)
+                    mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed).to(target.device)
     path, info = _train_one(drafter_name(cfg, "pretrain"), d, target, rows, feats, cfg, cfg.epochs, out, progress)
     n_params = sum(p.numel() for p in d.parameters())
     m = finish_run(out, {"drafter": path.name, "target": target_spec, "params": n_params, "train": info}, t0)
@@ -233,7 +234,7 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     pre_path = Path(pretrain_dir) / pre_meta["drafter"]
     qad_target = load_model(twin_dir, cfg.dtype)
     feats = precompute_features(qad_target, rows, cfg.target_layer_ids, cfg.max_len, progress=progress)
-    ft = load_drafter(pre_path).train()
+    ft = load_drafter(pre_path).to(qad_target.device).train()
     for p in ft.parameters():
         p.requires_grad_(True)
     info = {}
@@ -241,16 +242,18 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     ft_path, info["two_stage"] = _train_one(drafter_name(cfg, "twostage"), ft, qad_target, rows, feats, cfg,
                                             ft_epochs, out, progress)
     direct = new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
-                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed)
+                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed).to(qad_target.device)
     dr_path, info["direct"] = _train_one(drafter_name(cfg, "direct"), direct, qad_target, rows, feats, cfg,
                                          cfg.epochs + ft_epochs, out, progress)
     del feats
     # evaluation grid
     prompts = eval_prompts(data_dir, cfg.eval_prompts)
-    drafters = {"pretrain": load_drafter(pre_path), "two_stage": load_drafter(ft_path),
-                "direct": load_drafter(dr_path),
+    dev = qad_target.device
+    drafters = {"pretrain": load_drafter(pre_path).to(dev), "two_stage": load_drafter(ft_path).to(dev),
+                "direct": load_drafter(dr_path).to(dev),
                 "random": new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
-                                      mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed + 1)}
+                                      mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size,
+                                      cfg.seed + 1).to(dev).eval()}
     grid = {}
     for tname, tspec in (("fp", resolve_target(fp_spec)), ("qad", str(Path(qad_dir) / qm["names"]["qad"]))):
         tgt = load_model(tspec, cfg.dtype)

@@ -122,11 +122,12 @@ def load_tokenizer(spec: str):
     return AutoTokenizer.from_pretrained(resolve_target(spec))
 
 
-def load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
+def load_model(spec: str, dtype: str = "float32", device: str | None = None):
     """Load a causal LM (dense or compressed-tensors) in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    from .runio import torch_dtype
+    from .runio import device as default_device, torch_dtype
+    device = device or default_device()
     path = resolve_target(spec)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     model.to(device).eval()

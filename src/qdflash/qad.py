@@ -84,6 +84,7 @@ def chunked_kl(h_s: torch.Tensor, h_t: torch.Tensor, head_s: torch.nn.Linear, he
 
 
 def kl_loss(student, teacher, batch: dict, chunk: int) -> tuple[torch.Tensor, int]:
+    batch = {k: v.to(student.device) for k, v in batch.items()}
     valid = batch["attention_mask"].bool()
     with torch.no_grad():
         h_t = teacher.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
@@ -100,7 +101,7 @@ def compare_to_teacher(model, teacher, rows: list[dict], seq_len: int, pad_id: i
     kl = agree = n = 0.0
     nll = n_resp = 0.0
     for b in range(0, len(rows), bs):
-        batch = collate(rows[b: b + bs], seq_len, pad_id)
+        batch = {k: v.to(model.device) for k, v in collate(rows[b: b + bs], seq_len, pad_id).items()}
         valid = batch["attention_mask"].bool()
         lt = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
         lm = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
@@ -194,7 +195,7 @@ def save_twin(student, base_dir: str, out_dir: Path) -> Path:
     with torch.no_grad():
         for n, m in student.named_modules():
             if isinstance(m, FakeQuantLinear):
-                twin.get_submodule(n).weight.copy_(m.quantized_weight())
+                twin.get_submodule(n).weight.copy_(m.quantized_weight().cpu())
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     twin.save_pretrained(tmp)
@@ -229,7 +230,9 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     teacher = load_model(base, cfg.dtype)
     for p in teacher.parameters():
         p.requires_grad_(False)
-    student, group, bits = load_fake_quant_model(out / nm[cfg.init_from], base, dt)
+    student, group, bits = load_fake_quant_model(out / nm[cfg.init_from], base, dt, cfg.latent_init,
+                                                 cfg.seed)
+    student.to(teacher.device)
     ckpt_dir = out / "qad-ckpt"
     ckpt_dir.mkdir(exist_ok=True)
     ts = time.time()
@@ -241,7 +244,7 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     evals = {"teacher": compare_to_teacher(teacher, teacher, val, cfg.seq_len, pad)}
     evals["teacher"]["file_mb"] = dir_size_bytes(base) / 2**20
     for key in ("rtn", "gptq", "qad"):
-        m = AutoModelForCausalLM.from_pretrained(out / nm[key], dtype=dt).eval()
+        m = AutoModelForCausalLM.from_pretrained(out / nm[key], dtype=dt).to(teacher.device).eval()
         evals[key] = compare_to_teacher(m, teacher, val, cfg.seq_len, pad)
         evals[key]["file_mb"] = dir_size_bytes(out / nm[key]) / 2**20
         del m

@@ -217,15 +217,29 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
     return out_dir
 
 
-def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.dtype = torch.float32):
-    """The dense ``base_dir`` model with every packed Linear of ``ckpt`` replaced by its de-quantized weight,
-    wrapped in FakeQuantLinear on the checkpoint's grid (the QAD student's starting point)."""
+def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.dtype = torch.float32,
+                          latent_init: str = "grid", seed: int = 0):
+    """The dense ``base_dir`` model with every packed Linear of ``ckpt`` wrapped in FakeQuantLinear on the
+    checkpoint's grid (the QAD student's starting point). Its quantized forward equals the checkpoint exactly.
+
+    ``latent_init`` places the trainable latent weights: ``"grid"`` at the de-quantized values (the paper's
+    choice: every latent sits at a bin centre, so no weight flips until it has moved half a step, and Adam's
+    early sign-like steps then move many across at once); ``"jitter"`` uniformly inside the same bins (seeded):
+    the quantized model is unchanged, but the first small steps flip only the latents nearest a threshold."""
     from transformers import AutoModelForCausalLM
+    if latent_init not in ("grid", "jitter"):
+        raise ValueError(f"latent_init must be 'grid' or 'jitter', not {latent_init!r}")
+    gen = torch.Generator().manual_seed(seed)
     ints, scales, group, bits = read_grid(ckpt)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
     with torch.no_grad():
         for name, q in ints.items():
             lin = model.get_submodule(name)
-            lin.weight.copy_(dequantize(q.to(torch.float32), scales[name], group).to(dtype))
+            deq = dequantize(q.to(torch.float32), scales[name], group)
+            if latent_init == "jitter":
+                # same integers, latents spread uniformly over the inner 90% of their bins (seeded)
+                s_full = scales[name].repeat_interleave(group, 1)
+                deq = deq + (torch.rand(deq.shape, generator=gen) - 0.5) * 0.9 * s_full
+            lin.weight.copy_(deq.to(dtype))
     apply_fake_quant(model, scales, group, bits)
     return model, group, bits

@@ -137,6 +137,15 @@ def dir_size_bytes(path: str | Path, pattern: str = "*.safetensors") -> int:
     return sum(p.stat().st_size for p in Path(path).glob(pattern))
 
 
+def device() -> str:
+    """Compute device: ``QDFLASH_DEVICE`` if set, else cuda when available, else cpu."""
+    env = os.environ.get("QDFLASH_DEVICE")
+    if env:
+        return env
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def torch_dtype(name: str):
     import torch
     try:
