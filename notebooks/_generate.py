@@ -43,6 +43,13 @@ NOTEBOOKS = {
         "res = run_drafter_quant(cfg, stage_dir(PRESET, '04_drafter_quant', RUNS), stage_dir(PRESET, '00_data', RUNS), "
         "stage_dir(PRESET, '01_qad', RUNS), stage_dir(PRESET, '03_drafter_finetune', RUNS))",
         "from qdflash.figures import drafter_quant_table\ndrafter_quant_table(res.out_dir)"]),
+    "05_serving": ("# 05 Serving on vLLM\nvllm-cpu (own venv) with the dflash method: FP and QAD W4A16 targets, "
+                   "FP32 / W4A16 / W8A16 drafters, SWA through the qdflash plugin, `vllm serve` under load.", [
+        "from qdflash.pipeline import stage_dir\nfrom qdflash.serving import run_serving\n\n"
+        "d = lambda s: stage_dir(PRESET, s, RUNS)\n"
+        "res = run_serving(PRESET, d('05_serving'), d('00_data'), d('01_qad'), d('03_drafter_finetune'), "
+        "d('04_drafter_quant'), **OVERRIDES)",
+        "from qdflash.figures import serving_table\nserving_table(res.out_dir)"]),
     "06_evaluation": ("# 06 Quality gates with lm-eval\nOffline local tasks in the MMLU-Pro / IFEval / GPQA formats "
                       "(the `full` preset runs the real tasks).", [
         "from qdflash.config import EvalConfig, load_config\nfrom qdflash.evaluation import run_evaluation\n"

