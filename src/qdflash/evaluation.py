@@ -126,6 +126,22 @@ def ensure_punkt_tab() -> str:
     return str(root)
 
 
+def _em_tail(max_gen_toks: int) -> str:
+    """Shared YAML tail of the two multiple-choice tasks: greedy generation and exact match."""
+    return f"""generation_kwargs:
+  until: []
+  do_sample: false
+  max_gen_toks: {max_gen_toks}
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: true
+metadata: {{version: 1.0}}
+"""
+
+
 def write_local_tasks(task_dir: Path, cfg: EvalConfig, seed: int = 0) -> dict[str, str]:
     """Write data + YAMLs (absolute data paths: lm-eval resolves relative ones against the cwd)."""
     task_dir.mkdir(parents=True, exist_ok=True)
@@ -149,18 +165,7 @@ filter_list:
       - function: regex
         regex_pattern: 'answer is \\(?([ABCDEFGHIJ])\\)?'
       - function: take_first
-generation_kwargs:
-  until: []
-  do_sample: false
-  max_gen_toks: {cfg.max_gen_toks}
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    ignore_case: true
-    ignore_punctuation: true
-metadata: {{version: 1.0}}
-""")
+""" + _em_tail(cfg.max_gen_toks))
         tasks[name] = "exact_match,custom-extract"
     write_jsonl(task_dir / "ifeval.jsonl", make_ifeval(cfg.n_ifeval, seed))
     (task_dir / "utils.py").write_text("from lm_eval.tasks.ifeval.utils import process_results, agg_inst_level_acc  "
@@ -214,18 +219,7 @@ filter_list:
         ignore_punctuation: true
         regex_pattern: "(\\\\([A-Z]\\\\))"
       - function: take_first
-generation_kwargs:
-  until: []
-  do_sample: false
-  max_gen_toks: {cfg.max_gen_toks}
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    ignore_case: true
-    ignore_punctuation: true
-metadata: {{version: 1.0}}
-""")
+""" + _em_tail(cfg.max_gen_toks))
     tasks["local_gpqa"] = "exact_match,flexible-extract"
     return tasks
 
