@@ -180,6 +180,7 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
         fig, ax = plt.subplots(figsize=(5, 3.2))
         sns.lineplot(data=long, x="position", y="acceptance", hue="config", marker="o", ax=ax)
         ax.set_ylim(0, 1)
+        ax.set_xticks(sorted(long["position"].unique()))
         files += _save(fig, fig_dir, "fig-per-position", cfg.formats)
         tm = read_json(d["04_drafter_quant"] / "metrics.json")["table"]
         split = pd.DataFrame([{"config": k, "drafter": v["draft_time_s"], "verifier": v["verify_time_s"]}
