@@ -139,7 +139,10 @@ def train_throughput(runs: Path, peak_tflops: float, dtype=torch.bfloat16) -> di
     nd = sum(p.numel() for p in d.parameters())
     n_ctx = int(sum(len(r["input_ids"]) for r in drows))
     V, H = head.weight.shape
-    flops = 6 * nd * n_q + 6 * V * H * n_sup + 6 * (d.fc.weight.numel() + 2 * cfg.num_layers * H * H // 3) * n_ctx
+    # context tokens go through fc and every layer's k_proj/v_proj only (their K/V are injected)
+    ctx_params = d.fc.weight.numel() + sum(l.self_attn.k_proj.weight.numel() + l.self_attn.v_proj.weight.numel()
+                                           for l in d.layers)
+    flops = 6 * nd * n_q + 6 * V * H * n_sup + 6 * ctx_params * n_ctx
     out["drafter_step"] = {"seq_tokens": n_ctx, "block_tokens": n_q, "seq_tokens_per_s": n_ctx / t, "step_s": t,
                            "mfu": flops / t / (peak_tflops * 1e12), "drafter_params": nd}
     return out
@@ -201,7 +204,6 @@ def shapes_bench(ctx_len: int = 1024) -> dict:
         ids = torch.randint(0, 1000, (1, ctx_len), device=dev)
         cache = DynamicCache(config=target.config)
         target(input_ids=ids, past_key_values=cache, use_cache=True)
-        has_crop = all(hasattr(l, "crop") for l in getattr(cache, "layers", [])) if hasattr(cache, "layers") else True
 
         import copy
         snapshot = copy.deepcopy(cache)   # GDN recurrent state cannot be cropped: restore a copy per call

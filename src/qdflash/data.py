@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -181,7 +182,6 @@ def regenerate(model, tok, items: list[dict], cfg: DataConfig, partial: Path, pr
                 done[c["id"]] = rec
                 f.write(json.dumps(rec) + "\n")
             f.flush()
-            import os
             os.fsync(f.fileno())
             bar.update(len(chunk))
     bar.close()

@@ -128,10 +128,9 @@ def gptq_drafter(drafter: DFlashDraftModel, hessians: dict, group: int, dampenin
 def save_packed_drafter(drafter: DFlashDraftModel, scales: dict[str, torch.Tensor], bits: int, group: int,
                         out_dir: str | Path, extra: dict | None = None) -> Path:
     """Pack the (already on-grid) Linear weights as compressed-tensors pack-quantized int{bits}."""
-    from compressed_tensors.compressors import pack_to_int32
     from safetensors.torch import save_file
 
-    from .quant import quantize_ints
+    from .quant import dequantize, packed_tensors, quantize_ints
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -141,12 +140,10 @@ def save_packed_drafter(drafter: DFlashDraftModel, scales: dict[str, torch.Tenso
         mod = k.rsplit(".", 1)[0]
         if mod in scales and k.endswith(".weight"):
             q = quantize_ints(v.float(), scales[mod], group, bits)
-            deq = (q.reshape(q.shape[0], -1, group) * scales[mod].unsqueeze(-1)).reshape(q.shape)
+            deq = dequantize(q, scales[mod], group)
             if (deq - v.float()).abs().max() > 1e-5 * max(1.0, float(v.abs().max())):
                 raise ValueError(f"{mod}: weight is not on its grid; refusing to re-quantize")
-            state[mod + ".weight_packed"] = pack_to_int32(q.to(torch.int8), bits).contiguous()
-            state[mod + ".weight_scale"] = scales[mod].contiguous()
-            state[mod + ".weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+            state.update(packed_tensors(mod, q, scales[mod], bits))
         else:
             state[k] = v.detach().contiguous()
     for f in tmp.glob("*.safetensors"):

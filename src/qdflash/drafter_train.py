@@ -22,7 +22,7 @@ from .config import DrafterConfig, default_gamma
 from .data import load_split
 from .drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter, target_features
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
-from .runio import atomic_write_text, finish_run, read_json, start_run
+from .runio import atomic_write_text, finish_run, read_json, start_run, thin
 
 
 @dataclass
@@ -188,8 +188,7 @@ def _train_one(name, drafter, target, rows, feats, cfg, epochs, out, progress):
     return path, {"steps": len(log), "epochs": epochs, "final_loss": log[-1]["loss"] if log else None,
                   "final_acc": log[-1]["acc"] if log else None, "train_s": round(time.time() - t0, 2),
                   "mean_tok_per_s": sum(r["tok_per_s"] for r in log) / max(1, len(log)),
-                  "curve": [{"step": r["step"], "loss": r["loss"], "acc": r["acc"]}
-                            for r in log[:: max(1, len(log) // 200)]]}
+                  "curve": thin(log, ("step", "loss", "acc"))}
 
 
 def drafter_name(cfg: DrafterConfig, kind: str) -> str:

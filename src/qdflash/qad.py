@@ -27,7 +27,7 @@ from .config import QADConfig
 from .data import load_split
 from .models import load_model, resolve_target
 from .quant import FakeQuantLinear, load_fake_quant_model, pack_checkpoint, run_ptq
-from .runio import atomic_write_text, dir_size_bytes, finish_run, start_run, torch_dtype, write_json
+from .runio import atomic_write_text, dir_size_bytes, finish_run, start_run, thin, torch_dtype, write_json
 
 
 @dataclass
@@ -256,8 +256,8 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     metrics = {"eval": evals, "names": nm, "group_size": group, "bits": bits, "steps": len(log),
                "train_tokens": train_tokens, "final_train_kl": log[-1]["kl"] if log else None,
                "initial_train_kl": log[0]["kl"] if log else None, "timings": timings,
-               "curve": [{"step": r["step"], "kl": r["kl"]} for r in log[:: max(1, len(log) // 200)]],
-               "train_tok_per_s": train_tokens / max(1e-9, timings.get("qad_train_s", 0.0) or 1e-9),
+               "curve": thin(log, ("step", "kl")),
+               "train_tok_per_s": train_tokens / max(timings["qad_train_s"], 1e-9),
                "qad_kl_reduction_vs_best_ptq": 1 - evals["qad"]["kl_to_teacher"] / min(
                    evals["rtn"]["kl_to_teacher"], evals["gptq"]["kl_to_teacher"])}
     metrics = finish_run(out, metrics, t0)

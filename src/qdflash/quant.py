@@ -176,6 +176,14 @@ def read_grid(ckpt: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torc
     return ints, scales, group, bits
 
 
+def packed_tensors(name: str, q: torch.Tensor, scale: torch.Tensor, bits: int) -> dict[str, torch.Tensor]:
+    """compressed-tensors ``pack-quantized`` entries of one Linear from its integer codes and scales."""
+    from compressed_tensors.compressors import pack_to_int32
+    return {name + ".weight_packed": pack_to_int32(q.to(torch.int8), bits).contiguous(),
+            name + ".weight_scale": scale.detach().clone().contiguous(),
+            name + ".weight_shape": torch.tensor(list(q.shape), dtype=torch.int64)}
+
+
 def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | Path) -> Path:
     """Write ``model`` (FakeQuantLinear on the template's grid) as a pack-quantized checkpoint.
 
@@ -183,7 +191,6 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
     everything else dense. ``config.json`` (with its quantization_config) and tokenizer files come from the
     template, so the result loads in transformers and vLLM like the PTQ checkpoint it started from.
     """
-    from compressed_tensors.compressors import pack_to_int32
     from safetensors.torch import save_file
     template_ckpt, out_dir = Path(template_ckpt), Path(out_dir)
     _, t_scales, group, bits = read_grid(template_ckpt)
@@ -197,10 +204,8 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
             m = fq[mod]
             if not torch.equal(m.weight_scale.cpu(), t_scales[mod]):
                 raise ValueError(f"{mod}: its grid moved away from the template's (scales differ)")
-            q = quantize_ints(m.weight.detach().float().cpu(), m.weight_scale.cpu(), group, bits).to(torch.int8)
-            state[mod + ".weight_packed"] = pack_to_int32(q, bits).contiguous()
-            state[mod + ".weight_scale"] = t_scales[mod].clone()
-            state[mod + ".weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+            q = quantize_ints(m.weight.detach().float().cpu(), m.weight_scale.cpu(), group, bits)
+            state.update(packed_tensors(mod, q, t_scales[mod], bits))
         else:
             state[k] = v.detach().cpu().contiguous()
     if getattr(model.config, "tie_word_embeddings", False):

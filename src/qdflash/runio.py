@@ -95,6 +95,11 @@ def finish_run(out_dir: str | Path, metrics: dict[str, Any], t0: float) -> dict[
     return metrics
 
 
+def thin(rows: list[dict], keys: tuple[str, ...], n: int = 200) -> list[dict]:
+    """At most about ``n`` evenly spaced rows of a training log, restricted to ``keys`` (for metrics.json)."""
+    return [{k: r[k] for k in keys} for r in rows[:: max(1, len(rows) // n)]]
+
+
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
