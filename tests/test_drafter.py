@@ -155,3 +155,31 @@ def test_drafter_checkpoint_roundtrip_and_vllm_config(tmp_path, tiny_target):
         new_drafter(target, 1, 4, [0, 99], tok.mask_token_id)
     with pytest.raises(FileNotFoundError):
         load_drafter(tmp_path / "nope")
+
+
+def test_init_from_target_copies_matching_tensors(tiny_target):
+    from qdflash.drafter import init_from_target
+    tiny_target, _ = tiny_target
+    d = new_drafter(tiny_target, 1, 4, [0, 1], 3, init="target_layers")
+    src = tiny_target.model
+    assert torch.equal(d.norm.weight, src.norm.weight)
+    last = src.layers[-1]
+    assert torch.equal(d.layers[0].self_attn.q_proj.weight, last.self_attn.q_proj.weight)
+    assert torch.equal(d.layers[0].mlp.down_proj.weight, last.mlp.down_proj.weight)
+    r = new_drafter(tiny_target, 1, 4, [0, 1], 3, init="random")
+    assert not torch.equal(r.layers[0].self_attn.q_proj.weight, last.self_attn.q_proj.weight)
+    with pytest.raises(ValueError, match="unknown drafter init"):
+        init_from_target(r, tiny_target, "bogus")
+
+
+@torch.no_grad()
+def test_batched_features_equal_unbatched(tiny_target):
+    from qdflash.drafter_train import precompute_features
+    tiny_target, _ = tiny_target
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(1, 200, (int(n),), generator=g).tolist()} for n in (5, 31, 17, 40, 9)]
+    one = precompute_features(tiny_target, rows, [0, 1], 32, bs=1)
+    many = precompute_features(tiny_target, rows, [0, 1], 32, bs=4)
+    for a, b in zip(one, many):
+        assert a.shape == b.shape
+        assert torch.allclose(a, b, atol=1e-4)

@@ -81,6 +81,7 @@ class DrafterConfig:
     finetune_epochs: int = 1        # stage 03 finetune; the direct ablation trains epochs + finetune_epochs
     gamma: float | None = None      # None -> 7 for B=16, 5 for B=10, 4 for B=8, B/2-ish otherwise
     intermediate_size: int | None = None   # None -> the target's
+    init: str = "random"            # "random" (DFlash), "target_norm" or "target_layers" (drafter.init_from_target)
     warmup_frac: float = 0.04
     grad_clip: float = 1.0
     weight_decay: float = 0.0
@@ -150,8 +151,8 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
         "tiny": dict(num_layers=1, block_size=4, target_layer_ids=(0, 2), mask_token_id=None, epochs=2,
                      lr=3e-3, batch_size=4, num_anchors=8, max_len=96, eval_prompts=3, eval_new_tokens=16),
         "smol": dict(num_layers=2, block_size=8, target_layer_ids=(1, 8, 15, 22, 27), mask_token_id=None,
-                     epochs=2, lr=1e-3, batch_size=4, num_anchors=32, max_len=256, eval_prompts=8,
-                     eval_new_tokens=64),
+                     epochs=4, lr=3e-3, batch_size=4, num_anchors=16, max_len=320, init="target_norm",
+                     eval_prompts=8, eval_new_tokens=64),
         "full": dict(num_layers=5, block_size=16, target_layer_ids=(1, 8, 15, 22, 29), mask_token_id=248070,
                      epochs=2, finetune_epochs=2, lr=1e-3, batch_size=32, num_anchors=512, max_len=3072, eval_prompts=80,
                      eval_new_tokens=2048, dtype="bfloat16"),
@@ -219,6 +220,8 @@ def _validate(cfg: Any) -> None:
             raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")
         if not cfg.target_layer_ids:
             raise ConfigError("target_layer_ids must not be empty")
+        if cfg.init not in ("random", "target_norm", "target_layers"):
+            raise ConfigError("init must be 'random', 'target_norm' or 'target_layers'")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -163,12 +163,48 @@ def target_features(hidden_states, layer_ids) -> torch.Tensor:
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
+INIT_MODES = ("random", "target_norm", "target_layers")
+
+
+@torch.no_grad()
+def init_from_target(drafter: DFlashDraftModel, target, mode: str) -> list[str]:
+    """Warm-start a drafter from its target; returns the names of the tensors copied.
+
+    ``random``: nothing (DFlash's default). ``target_norm``: the drafter's final ``norm`` takes the target's final
+    norm weight, so the drafter's output starts at the scale the target's ``lm_head`` expects (with a unit norm a
+    SmolLM2 drafter starts at a cross-entropy near 60). ``target_layers``: additionally, drafter layer i takes every
+    tensor of target layer ``n_target - L + i`` whose name and shape match (projections, MLP, layer norms); the
+    Qwen3-only ``q_norm``/``k_norm`` keep their unit init."""
+    if mode not in INIT_MODES:
+        raise ValueError(f"unknown drafter init {mode!r}; choose one of {INIT_MODES}")
+    copied: list[str] = []
+    if mode == "random":
+        return copied
+    base = getattr(target, "model", target)
+    src_norm = getattr(base, "norm", None)
+    if src_norm is not None and src_norm.weight.shape == drafter.norm.weight.shape:
+        drafter.norm.weight.copy_(src_norm.weight.to(drafter.norm.weight.dtype))
+        copied.append("norm.weight")
+    if mode == "target_layers":
+        t_layers = base.layers
+        L = len(drafter.layers)
+        for i, layer in enumerate(drafter.layers):
+            src = dict(t_layers[len(t_layers) - L + i].named_parameters())
+            for name, p in layer.named_parameters():
+                if name in src and src[name].shape == p.shape:
+                    p.copy_(src[name].to(p.dtype))
+                    copied.append(f"layers.{i}.{name}")
+    return copied
+
+
 def new_drafter(target, num_layers: int, block_size: int, target_layer_ids, mask_token_id: int,
-                intermediate_size: int | None = None, seed: int = 0) -> DFlashDraftModel:
+                intermediate_size: int | None = None, seed: int = 0, init: str = "random") -> DFlashDraftModel:
     torch.manual_seed(seed)
     cfg = build_drafter_config(target.config, num_layers, block_size, target_layer_ids, mask_token_id,
                                intermediate_size)
-    return DFlashDraftModel(cfg).to(target.dtype)
+    d = DFlashDraftModel(cfg).to(target.dtype)
+    init_from_target(d, target, init)
+    return d
 
 
 def save_drafter(drafter: DFlashDraftModel, out_dir: str | Path, extra: dict | None = None) -> Path:

@@ -34,15 +34,29 @@ class DrafterResult:
 
 # ----------------------------------------------------------------------------------------------- features
 @torch.no_grad()
-def precompute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int = 4, progress=False):
+def precompute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int = 8, progress=False,
+                        store_dtype: torch.dtype = torch.float32):
+    """Target hidden-state features of every row (first ``max_len`` tokens), kept on the CPU.
+
+    Rows are batched with *right* padding: the target is causal, so a row's positions never attend to the padding
+    after them and its features equal the unpadded forward (up to batched-matmul rounding)."""
     from tqdm.auto import tqdm
-    feats = []
-    for b in tqdm(range(0, len(rows), bs), desc="target features", disable=not progress):
-        chunk = rows[b: b + bs]
-        for r in chunk:  # batch 1 per row keeps it padding-free and exact
-            ids = torch.tensor([r["input_ids"][:max_len]], device=target.device)
-            hs = target(input_ids=ids, output_hidden_states=True).hidden_states
-            feats.append(target_features(hs, layer_ids)[0].to(torch.float32).cpu())
+    feats: list = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))   # similar lengths share a batch
+    for b in tqdm(range(0, len(order), bs), desc="target features", disable=not progress):
+        idx = order[b: b + bs]
+        seqs = [rows[i]["input_ids"][:max_len] for i in idx]
+        width = max(len(x) for x in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        att = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, x in enumerate(seqs):
+            ids[r, : len(x)] = torch.tensor(x)
+            att[r, : len(x)] = 1
+        hs = target(input_ids=ids.to(target.device), attention_mask=att.to(target.device),
+                    output_hidden_states=True).hidden_states
+        f = target_features(hs, layer_ids).to(store_dtype).cpu()
+        for r, i in enumerate(idx):
+            feats[i] = f[r, : len(seqs[r])].clone()
     return feats
 
 
@@ -205,7 +219,8 @@ def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -
     rows = load_split(data_dir, "train")
     feats = precompute_features(target, rows, cfg.target_layer_ids, cfg.max_len, progress=progress)
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
-                    mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed).to(target.device)
+                    mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed,
+                    cfg.init).to(target.device)
     path, info = _train_one(drafter_name(cfg, "pretrain"), d, target, rows, feats, cfg, cfg.epochs, out, progress)
     n_params = sum(p.numel() for p in d.parameters())
     m = finish_run(out, {"drafter": path.name, "target": target_spec, "params": n_params, "train": info}, t0)
@@ -241,7 +256,8 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     ft_path, info["two_stage"] = _train_one(drafter_name(cfg, "twostage"), ft, qad_target, rows, feats, cfg,
                                             ft_epochs, out, progress)
     direct = new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
-                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed).to(qad_target.device)
+                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed,
+                         cfg.init).to(qad_target.device)
     dr_path, info["direct"] = _train_one(drafter_name(cfg, "direct"), direct, qad_target, rows, feats, cfg,
                                          cfg.epochs + ft_epochs, out, progress)
     del feats
