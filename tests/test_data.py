@@ -75,3 +75,20 @@ def test_regeneration_resumes(tmp_path, tiny_target, monkeypatch):
     assert sum(calls) == 2
     assert [r["id"] for r in allrecs] == [it["id"] for it in items]
     assert allrecs[:4] == first
+
+
+def test_file_prompt_source(tmp_path):
+    js = tmp_path / "p.json"
+    js.write_text(json.dumps(["what is a drafter?", "explain INT4"]))
+    cfg = load_config(DataConfig, "tiny", source=f"file:{js}")
+    prompts, meta = D.load_prompts(cfg)
+    assert prompts == ["what is a drafter?", "explain INT4"] and meta["candidate_prompts"] == 2
+    jl = tmp_path / "p.jsonl"
+    jl.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
+    assert D.load_prompts(load_config(DataConfig, "tiny", source=f"file:{jl}"))[0] == ["a", "b"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('["ok", 3]')
+    with pytest.raises(ValueError, match="non-empty strings"):
+        D.load_prompts(load_config(DataConfig, "tiny", source=f"file:{bad}"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        D.load_prompts(load_config(DataConfig, "tiny", source=f"file:{tmp_path / 'nope.json'}"))

@@ -107,7 +107,24 @@ def load_prompts(cfg: DataConfig) -> tuple[list[str], dict]:
         return sharegpt_prompts()
     if cfg.source == "nemotron":
         return nemotron_prompts(cfg.n_prompts, cfg.seed)
-    raise ValueError(f"unknown data source {cfg.source!r}: use synthetic, sharegpt or nemotron")
+    if cfg.source.startswith("file:"):
+        return file_prompts(Path(cfg.source[5:]))
+    raise ValueError(f"unknown data source {cfg.source!r}: use synthetic, sharegpt, nemotron or file:<path>")
+
+
+def file_prompts(path: Path) -> tuple[list[str], dict]:
+    """Your own prompts: a JSON list of strings, or JSONL with one {"prompt": ...} object per line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        items = json.loads(text) if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
+    except json.JSONDecodeError as e:
+        raise ValueError(f"prompt file {path} is not valid JSON/JSONL: {e}") from e
+    prompts = [x if isinstance(x, str) else x.get("prompt") if isinstance(x, dict) else None for x in items]
+    if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
+        raise ValueError(f"prompt file {path}: expected non-empty strings or objects with a 'prompt' string")
+    return prompts, {"file": str(path), "candidate_prompts": len(prompts), "sha256": sha256_file(path)}
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:
