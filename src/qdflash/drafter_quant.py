@@ -181,8 +181,8 @@ def load_quantized_drafter(path: str | Path, dtype=torch.float32) -> DFlashDraft
         if k in cfg:
             setattr(conf, k, cfg[k])
     model = DFlashDraftModel(conf)
-    from .quant import _load_state
-    state = _load_state(path)
+    from .quant import load_state
+    state = load_state(path)
     ints, scales, group, _ = read_grid(path)
     dense = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("weight_")}
     for name, q in ints.items():

@@ -140,7 +140,7 @@ def run_ptq(model_dir: str, method: str, group: int, suffixes: Iterable[str], ca
 
 
 # ----------------------------------------------------------------------------------------------- pack / unpack
-def _load_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
+def load_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
     files = sorted(Path(ckpt).glob("*.safetensors"))
     if not files:
@@ -165,7 +165,7 @@ def read_grid(ckpt: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torc
         raise ValueError(f"{ckpt} is not a compressed-tensors checkpoint (no quantization_config)")
     w = next(iter(qc["config_groups"].values()))["weights"]
     group, bits = int(w["group_size"]), int(w["num_bits"])
-    state = _load_state(ckpt)
+    state = load_state(ckpt)
     ints, scales = {}, {}
     for k, v in state.items():
         if k.endswith(".weight_packed"):

@@ -9,9 +9,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 from .config import to_dict
 
@@ -119,16 +118,6 @@ def read_jsonl(path: str | Path) -> list[dict]:
                 if rest:
                     raise ValueError(f"{path}: corrupt line {i + 1}")
     return rows
-
-
-@contextmanager
-def appending(path: str | Path) -> Iterator[Any]:
-    """Append lines durably (flush + fsync after each write) so a killed run loses at most a partial line."""
-    f = open(path, "a")
-    try:
-        yield f
-    finally:
-        f.close()
 
 
 def sha256_file(path: str | Path) -> str:

