@@ -114,7 +114,9 @@ def _save(fig, fig_dir: Path, name: str, formats) -> list[Path]:
     out = []
     for ext in formats:
         p = fig_dir / f"{name}.{ext}"
-        fig.savefig(p, dpi=150, bbox_inches="tight")
+        # no creation date in the PDF: regenerating unchanged metrics gives byte-identical figures
+        meta = {"CreationDate": None} if ext == "pdf" else {}
+        fig.savefig(p, dpi=150, bbox_inches="tight", metadata=meta)
         out.append(p)
     plt.close(fig)
     return out
@@ -157,10 +159,14 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
         _table(df, fig_dir, "table-drafters", "Drafters x targets (reference decoder, greedy)", mds, files)
         flat = df.reset_index()
         flat = flat[flat.drafter != "plain"]
-        fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3))
         sns.barplot(data=flat, x="drafter", y="tau", hue="target", ax=axes[0])
         sns.barplot(data=flat, x="drafter", y="speedup", hue="target", ax=axes[1])
         axes[1].axhline(1.0, color="k", lw=0.8)
+        if axes[0].get_legend() is not None:      # one legend, outside the bars
+            axes[0].get_legend().remove()
+        if axes[1].get_legend() is not None:
+            sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1.01, 1), title="target")
         fig.tight_layout()
         files += _save(fig, fig_dir, "fig-tau-speedup", cfg.formats)
         files += _save(training_curves(d["03_drafter_finetune"]), fig_dir, "fig-train-drafters", cfg.formats)
