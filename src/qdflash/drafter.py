@@ -171,10 +171,10 @@ def init_from_target(drafter: DFlashDraftModel, target, mode: str) -> list[str]:
     """Warm-start a drafter from its target; returns the names of the tensors copied.
 
     ``random``: nothing (DFlash's default). ``target_norm``: the drafter's final ``norm`` takes the target's final
-    norm weight, so the drafter's output starts at the scale the target's ``lm_head`` expects (with a unit norm a
-    SmolLM2 drafter starts at a cross-entropy near 60). ``target_layers``: additionally, drafter layer i takes every
-    tensor of target layer ``n_target - L + i`` whose name and shape match (projections, MLP, layer norms); the
-    Qwen3-only ``q_norm``/``k_norm`` keep their unit init."""
+    norm weight. ``target_layers``: additionally, drafter layer i takes every tensor of target layer
+    ``n_target - L + i`` whose name and shape match (projections, MLP, layer norms); the Qwen3-only
+    ``q_norm``/``k_norm`` keep their unit init. Measured on smol (README): initial cross-entropy 59 (random),
+    77 (target_norm), 20 (target_layers); after training, the three end within noise of each other."""
     if mode not in INIT_MODES:
         raise ValueError(f"unknown drafter init {mode!r}; choose one of {INIT_MODES}")
     copied: list[str] = []
