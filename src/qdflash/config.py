@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 PRESETS = ("tiny", "smol", "full")
+LATENT_INITS = ("grid", "jitter")                          # QADConfig.latent_init (quant.load_fake_quant_model)
+DRAFTER_INITS = ("random", "target_norm", "target_layers")  # DrafterConfig.init (drafter.init_from_target)
 T = TypeVar("T")
 
 
@@ -213,15 +215,15 @@ def _validate(cfg: Any) -> None:
             raise ConfigError("val_fraction must be in (0, 1)")
     if isinstance(cfg, QADConfig) and cfg.init_from not in ("gptq", "rtn"):
         raise ConfigError("init_from must be 'gptq' or 'rtn'")
-    if isinstance(cfg, QADConfig) and cfg.latent_init not in ("grid", "jitter"):
-        raise ConfigError("latent_init must be 'grid' or 'jitter'")
+    if isinstance(cfg, QADConfig) and cfg.latent_init not in LATENT_INITS:
+        raise ConfigError(f"latent_init must be one of {LATENT_INITS}")
     if isinstance(cfg, DrafterConfig):
         if cfg.block_size < 2:
             raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")
         if not cfg.target_layer_ids:
             raise ConfigError("target_layer_ids must not be empty")
-        if cfg.init not in ("random", "target_norm", "target_layers"):
-            raise ConfigError("init must be 'random', 'target_norm' or 'target_layers'")
+        if cfg.init not in DRAFTER_INITS:
+            raise ConfigError(f"init must be one of {DRAFTER_INITS}")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import (Qwen3Attention, Qwen3DecoderLayer, Qwen3PreTrainedModel,
                                                       Qwen3RMSNorm, Qwen3RotaryEmbedding, repeat_kv, rotate_half)
 
+from .config import DRAFTER_INITS
+
 
 def build_drafter_config(target_config, num_layers: int, block_size: int, target_layer_ids, mask_token_id: int,
                          intermediate_size: int | None = None, sliding_window: int | None = None) -> Qwen3Config:
@@ -163,9 +165,6 @@ def target_features(hidden_states, layer_ids) -> torch.Tensor:
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
-INIT_MODES = ("random", "target_norm", "target_layers")
-
-
 @torch.no_grad()
 def init_from_target(drafter: DFlashDraftModel, target, mode: str) -> list[str]:
     """Warm-start a drafter from its target; returns the names of the tensors copied.
@@ -175,8 +174,8 @@ def init_from_target(drafter: DFlashDraftModel, target, mode: str) -> list[str]:
     ``n_target - L + i`` whose name and shape match (projections, MLP, layer norms); the Qwen3-only
     ``q_norm``/``k_norm`` keep their unit init. Measured on smol (README): initial cross-entropy 59 (random),
     77 (target_norm), 20 (target_layers); after training, the three end within noise of each other."""
-    if mode not in INIT_MODES:
-        raise ValueError(f"unknown drafter init {mode!r}; choose one of {INIT_MODES}")
+    if mode not in DRAFTER_INITS:
+        raise ValueError(f"unknown drafter init {mode!r}; choose one of {DRAFTER_INITS}")
     copied: list[str] = []
     if mode == "random":
         return copied

@@ -79,14 +79,14 @@ def collect_hessians(drafter: DFlashDraftModel, target, rows: list[dict], anchor
     embed = target.get_input_embeddings()
     try:
         for r in tqdm(rows, desc="GPTQ calibration", disable=not progress):
-            ids = torch.tensor([r["input_ids"]], device=target.device)
+            dev = target.device
+            ids = torch.tensor([r["input_ids"]], device=dev)
             anchors = even_anchors(r["loss_mask"], anchors_per_conv, B)
             if not anchors:
                 continue
             hs = target(input_ids=ids, output_hidden_states=True).hidden_states
             ctx = target_features(hs, drafter.target_layer_ids)
             S = ids.shape[1]
-            dev = target.device
             a = torch.tensor([anchors], device=dev)
             blocks = torch.full((1, len(anchors), B), mask_id, device=dev)
             blocks[0, :, 0] = ids[0, a[0]]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import EvalConfig
-from .runio import cache_dir, finish_run, read_json, start_run, write_jsonl
+from .runio import cache_dir, device, finish_run, read_json, start_run, write_jsonl
 
 TASKS_FULL = {"mmlu_pro": "exact_match,custom-extract", "ifeval": "inst_level_strict_acc,none",
               "gpqa_diamond_cot_zeroshot": "exact_match,flexible-extract"}
@@ -279,17 +279,12 @@ def _spec_lm_class():
     return SpecLM
 
 
-def _device() -> str:
-    from .runio import device
-    return device()
-
-
 def _evaluate(model, tasks: dict[str, str], task_dir: Path | None, cfg: EvalConfig, model_args: str | None = None):
     import lm_eval
     from lm_eval.tasks import TaskManager
     tm = TaskManager(include_path=str(task_dir)) if task_dir else TaskManager()
     res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(tasks), task_manager=tm,
-                                  batch_size=cfg.batch_size, device=_device(), apply_chat_template=True,
+                                  batch_size=cfg.batch_size, device=device(), apply_chat_template=True,
                                   limit=None, log_samples=False, random_seed=0, numpy_random_seed=0,
                                   torch_random_seed=0, fewshot_random_seed=0)
     return res["results"], {k: v.get("effective", v.get("original")) if isinstance(v, dict) else v

