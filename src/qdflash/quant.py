@@ -49,44 +49,77 @@ def absmax_scale(w: torch.Tensor, group: int, bits: int) -> torch.Tensor:
     return (amax / qrange(bits)[1]).clamp_min(1e-8)
 
 
+def fake_quant_learned_scale(w: torch.Tensor, scale: torch.Tensor, group: int, bits: int = 4) -> torch.Tensor:
+    """Quantize-dequantize with a trainable scale (LSQ / EfficientQAT-style): ``round`` passes gradients straight
+    through, ``clamp`` stops them outside the range, so both ``w`` and ``scale`` get gradients. Forward value equals
+    ``dequantize(quantize_ints(w, scale))`` exactly."""
+    out_f, in_f = w.shape
+    lo, hi = qrange(bits)
+    s = scale.unsqueeze(-1)
+    x = w.reshape(out_f, in_f // group, group) / s
+    q = (x + (torch.round(x) - x).detach()).clamp(lo, hi)
+    return (q * s).reshape(out_f, in_f)
+
+
 class FakeQuantLinear(nn.Linear):
-    """``nn.Linear`` whose forward uses the weight fake-quantized on a frozen per-group grid (STE)."""
+    """``nn.Linear`` whose forward uses the weight fake-quantized on a per-group grid (STE).
+
+    The grid is frozen (``weight_scale`` a buffer, the paper's parametrisation) unless ``learn_scale``, in which case
+    ``weight_scale`` is a trainable parameter. Latents and scales stay fp32 whatever the compute dtype: the integer
+    codes are computed by ``quantize_ints`` in fp32 for the forward, the packing and the dense twin alike."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, scale: torch.Tensor, group: int,
-                 bits: int = 4, device=None, dtype=None):
+                 bits: int = 4, device=None, dtype=None, learn_scale: bool = False):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         if in_features % group:
             raise ValueError(f"in_features {in_features} is not a multiple of group size {group}")
-        self.group, self.bits = group, bits
-        self.register_buffer("weight_scale", scale.detach().clone().to(torch.float32), persistent=False)
+        self.group, self.bits, self.learn_scale = group, bits, learn_scale
+        sc = scale.detach().clone().to(device=device, dtype=torch.float32)
+        if learn_scale:
+            self.weight_scale = nn.Parameter(sc)
+        else:
+            self.register_buffer("weight_scale", sc, persistent=False)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, scale: torch.Tensor, group: int, bits: int = 4) -> "FakeQuantLinear":
+    def from_linear(cls, lin: nn.Linear, scale: torch.Tensor, group: int, bits: int = 4,
+                    learn_scale: bool = False) -> "FakeQuantLinear":
         new = cls(lin.in_features, lin.out_features, lin.bias is not None, scale, group, bits,
-                  device=lin.weight.device, dtype=lin.weight.dtype)
+                  device=lin.weight.device, dtype=lin.weight.dtype, learn_scale=learn_scale)
         new.weight = lin.weight
         if lin.bias is not None:
             new.bias = lin.bias
         return new
 
+    def codes(self) -> torch.Tensor:
+        """The integer codes of the current latents on the current grid (fp32 arithmetic)."""
+        return quantize_ints(self.weight.detach().float(), self.weight_scale.detach().float(), self.group, self.bits)
+
     def quantized_weight(self) -> torch.Tensor:
-        return fake_quant(self.weight, self.weight_scale, self.group, self.bits)
+        w = self.weight.float()
+        if self.learn_scale:
+            return fake_quant_learned_scale(w, self.weight_scale, self.group, self.bits)
+        return fake_quant(w, self.weight_scale, self.group, self.bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.quantized_weight(), self.bias)
+        w = self.quantized_weight()
+        if torch.is_autocast_enabled(x.device.type):
+            return nn.functional.linear(x, w, self.bias)       # autocast casts the fp32 on-grid weight once
+        return nn.functional.linear(x, w.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
 
 def module_matches(name: str, targets: Iterable[str]) -> bool:
     return any(name.endswith(t) or (t.startswith("re:") and re.match(t[3:], name)) for t in targets)
 
 
-def apply_fake_quant(model: nn.Module, scales: dict[str, torch.Tensor], group: int, bits: int = 4) -> list[str]:
+def apply_fake_quant(model: nn.Module, scales: dict[str, torch.Tensor], group: int, bits: int = 4,
+                     learn_scale: bool = False) -> list[str]:
     """Swap every ``nn.Linear`` named in ``scales`` for a FakeQuantLinear on that grid; returns the names."""
     done = []
     for name, mod in list(model.named_modules()):
         if name in scales and isinstance(mod, nn.Linear) and not isinstance(mod, FakeQuantLinear):
             parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-            setattr(parent, name.rsplit(".", 1)[-1], FakeQuantLinear.from_linear(mod, scales[name], group, bits))
+            setattr(parent, name.rsplit(".", 1)[-1],
+                    FakeQuantLinear.from_linear(mod, scales[name], group, bits, learn_scale))
             done.append(name)
     missing = sorted(set(scales) - set(done))
     if missing:
@@ -196,6 +229,8 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
     from safetensors.torch import save_file
     template_ckpt, out_dir = Path(template_ckpt), Path(out_dir)
     _, t_scales, group, bits = read_grid(template_ckpt)
+    t_dtypes = {k[: -len(".weight_scale")]: v.dtype for k, v in load_state(template_ckpt).items()
+                if k.endswith(".weight_scale")}
     fq = {n: m for n, m in model.named_modules() if isinstance(m, FakeQuantLinear)}
     if set(fq) != set(t_scales):
         raise ValueError(f"quantized modules differ from the template: {sorted(set(fq) ^ set(t_scales))[:5]}")
@@ -204,10 +239,10 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
         mod = k.rsplit(".", 1)[0]
         if mod in fq and k.endswith(".weight"):
             m = fq[mod]
-            if not torch.equal(m.weight_scale.cpu(), t_scales[mod]):
+            sc = m.weight_scale.detach().float().cpu()
+            if not m.learn_scale and not torch.equal(sc, t_scales[mod]):
                 raise ValueError(f"{mod}: its grid moved away from the template's (scales differ)")
-            q = quantize_ints(m.weight.detach().float().cpu(), m.weight_scale.cpu(), group, bits)
-            state.update(packed_tensors(mod, q, t_scales[mod], bits))
+            state.update(packed_tensors(mod, m.codes().cpu(), sc.to(t_dtypes[mod]), bits))
         else:
             state[k] = v.detach().cpu().contiguous()
     if getattr(model.config, "tie_word_embeddings", False):
@@ -225,7 +260,7 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
 
 
 def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.dtype = torch.float32,
-                          latent_init: str = "grid", seed: int = 0):
+                          latent_init: str = "grid", seed: int = 0, learn_scale: bool = False):
     """The dense ``base_dir`` model with every packed Linear of ``ckpt`` wrapped in FakeQuantLinear on the
     checkpoint's grid (the QAD student's starting point). Its quantized forward equals the checkpoint exactly.
 
@@ -248,5 +283,5 @@ def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.d
                 s_full = scales[name].repeat_interleave(group, 1)
                 deq = deq + (torch.rand(deq.shape, generator=gen) - 0.5) * 0.9 * s_full
             lin.weight.copy_(deq.to(dtype))
-    apply_fake_quant(model, scales, group, bits)
+    apply_fake_quant(model, scales, group, bits, learn_scale)
     return model, group, bits

@@ -54,14 +54,27 @@ def vllm_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900) -> dict:
+def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900,
+            stream: bool = False) -> dict:
+    """One ``qdflash.vllm_worker`` job in the vLLM venv; its output goes to ``work/log-NAME.txt`` (and, with
+    ``stream``, the worker's progress lines also to stdout)."""
     work = Path(work).resolve()              # the worker runs with cwd=work: relative paths would break
     jf, of = work / f"job-{name}.json", work / f"result-{name}.json"
+    of.unlink(missing_ok=True)
     write_json(jf, job)
-    log = open(work / f"log-{name}.txt", "w")
-    p = subprocess.run([str(vllm_python()), "-m", "qdflash.vllm_worker", str(jf), str(of)], env=vllm_env(extra_env),
-                       stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=work)
-    log.close()
+    cmd = [str(vllm_python()), "-m", "qdflash.vllm_worker", str(jf), str(of)]
+    with open(work / f"log-{name}.txt", "w") as log:
+        if not stream:
+            p = subprocess.run(cmd, env=vllm_env(extra_env), stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                               cwd=work)
+        else:
+            p = subprocess.Popen(cmd, env=vllm_env(extra_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 cwd=work, text=True)
+            for line in p.stdout:
+                log.write(line)
+                if line.startswith(job.get("mode", "") + ":"):
+                    print(line.rstrip(), flush=True)
+            p.wait(timeout=timeout)
     if not of.exists():
         raise RuntimeError(f"vLLM job {name} exited {p.returncode} without a result; see {work}/log-{name}.txt")
     return json.loads(of.read_text())

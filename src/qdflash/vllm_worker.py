@@ -3,6 +3,12 @@
 ``python -m qdflash.vllm_worker JOB.json OUT.json``; JOB = {target, drafter|null, num_speculative_tokens,
 prompts (token ids), max_tokens, dtype, max_model_len}. Writes the generated token ids, wall time and vLLM's
 spec-decode counters. Imports only vLLM and the standard library (not the rest of qdflash).
+
+``mode: "regenerate"`` (stage 00's vLLM backend): JOB = {target, items [{id, prompt_ids}], max_tokens, temperature,
+top_p, seed, dtype, max_model_len, max_num_seqs, chunk, partial}. Items are generated in chunks of ``chunk``
+prompts (one batched ``LLM.generate`` each, continuous batching inside); every finished chunk is appended to
+``partial`` (JSONL, fsync'd) so a killed run resumes. Sampling is seeded per request (``seed + index``), so the
+output of a prompt does not depend on which batch it landed in.
 """
 from __future__ import annotations
 
@@ -42,6 +48,37 @@ def run(job: dict) -> dict:
     return res
 
 
+def regenerate(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    t0 = time.time()
+    llm = LLM(model=job["target"], dtype=job.get("dtype", "bfloat16"), max_model_len=job["max_model_len"],
+              max_num_seqs=job.get("max_num_seqs", 256), enforce_eager=True, seed=job.get("seed", 0))
+    init_s = time.time() - t0
+    temp = float(job.get("temperature", 0.0))
+    eos = job.get("eos_token_id")
+    n_tok, t_gen = 0, 0.0
+    items, chunk = job["items"], int(job.get("chunk", 512))
+    with open(job["partial"], "a") as f:
+        for b in range(0, len(items), chunk):
+            part = items[b: b + chunk]
+            sps = [SamplingParams(temperature=temp, top_p=float(job.get("top_p", 1.0)) if temp > 0 else 1.0,
+                                  max_tokens=job["max_tokens"], seed=int(job.get("seed", 0)) + int(it["index"]),
+                                  stop_token_ids=[eos] if eos is not None else None) for it in part]
+            t1 = time.time()
+            outs = llm.generate([{"prompt_token_ids": it["prompt_ids"]} for it in part], sps, use_tqdm=False)
+            t_gen += time.time() - t1
+            for it, o in zip(part, outs):
+                g = list(o.outputs[0].token_ids)
+                n_tok += len(g)
+                f.write(json.dumps({"id": it["id"], "prompt_ids": it["prompt_ids"], "gen_ids": g}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            print(f"regenerate: {min(b + chunk, len(items))}/{len(items)} prompts, {n_tok} tokens, "
+                  f"{n_tok / max(t_gen, 1e-9):.0f} tok/s", flush=True)
+    return {"init_s": init_s, "generate_s": t_gen, "output_tokens": n_tok,
+            "output_tokens_per_s": n_tok / max(t_gen, 1e-9)}
+
+
 def _sub(a, b):
     if isinstance(a, list):
         return [x - (y or 0) for x, y in zip(a, b or [0] * len(a))]
@@ -59,7 +96,7 @@ def _counters(llm) -> dict:
 def main() -> int:
     job = json.loads(open(sys.argv[1]).read())
     try:
-        res = run(job)
+        res = regenerate(job) if job.get("mode") == "regenerate" else run(job)
     except Exception as e:  # report the real vLLM error (e.g. no CPU kernel for W8A16) instead of crashing
         import traceback
         res = {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}

@@ -1,0 +1,156 @@
+"""One on-disk cache of target hidden-state features (the DFlash drafter's context), shared by stages 02-04.
+
+Features of a row are ``target_features(hidden_states, layer_ids)`` over its first ``max_len`` tokens: the
+concatenated outputs of the target layers the drafter reads, [len, n_layers * hidden]. They depend only on
+(target weights, layer ids, token ids, max_len, compute dtype), so they are computed once per such tuple and
+stored under ``<cache>/features/<key>/``, where ``key`` hashes exactly those inputs (the target by the sha256 of its
+weight files, the rows by their token ids). A changed target or data set gets a new key; a rerun with the same
+inputs computes nothing.
+
+Layout: ``shard-NNNNN.bin`` holds the bf16 features of a contiguous range of rows, flat [tokens, dim] (raw
+int16 bits), ``shard-NNNNN.json`` its row offsets; a shard is written to a temporary file and renamed, then its json,
+so a killed run resumes at the first shard without a json. ``index.json`` marks the cache complete. Reading
+memory-maps the shards: a 50K-conversation cache need not fit in RAM.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .runio import atomic_write_text, cache_dir, read_json, write_json
+
+VERSION = 1
+SHARD_ROWS = 256
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """sha256 over the weight files of a model directory, memoised by (path, size, mtime) in the cache."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}: cannot fingerprint the target")
+    memo_path = cache_dir() / "weights_sha256.json"
+    memo = json.loads(memo_path.read_text()) if memo_path.exists() else {}
+    stamp = json.dumps([[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files])
+    key = hashlib.sha256(stamp.encode()).hexdigest()
+    if key not in memo:
+        h = hashlib.sha256()
+        for f in files:
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(chunk)
+        memo[key] = h.hexdigest()
+        atomic_write_text(memo_path, json.dumps(memo, indent=1))
+    return memo[key]
+
+
+def rows_sha256(rows: list[dict], max_len: int) -> str:
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps(r["input_ids"][:max_len]).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def feature_key(target_dir: str | Path, layer_ids, rows: list[dict], max_len: int, dtype: str) -> str:
+    spec = {"v": VERSION, "target": weights_sha256(target_dir), "layers": [int(i) for i in layer_ids],
+            "rows": rows_sha256(rows, max_len), "max_len": int(max_len), "dtype": dtype}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class FeatureStore:
+    """Read-only, memory-mapped features: ``store[i]`` is row i's tensor [len_i, dim] (bf16)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        idx = read_json(self.path / "index.json")
+        self.dim, self.n = int(idx["dim"]), int(idx["rows"])
+        self._shards = []                      # (first_row, offsets, file)
+        for sh in idx["shards"]:
+            meta = read_json(self.path / sh)
+            self._shards.append((meta["first_row"], meta["offsets"], self.path / meta["file"]))
+        self._maps: dict[int, np.memmap] = {}
+        self.computed_rows = 0                 # rows computed by the call that returned this store
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        s = min(i // SHARD_ROWS, len(self._shards) - 1)
+        first, offs, f = self._shards[s]
+        if s not in self._maps:
+            self._maps[s] = np.memmap(f, dtype=np.int16, mode="r").reshape(-1, self.dim)
+        a, b = offs[i - first], offs[i - first + 1]
+        return torch.from_numpy(np.array(self._maps[s][a:b])).view(torch.bfloat16)
+
+
+@torch.no_grad()
+def compute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int = 8,
+                     progress: bool = False) -> list[torch.Tensor]:
+    """Target features of ``rows``' first ``max_len`` tokens, in the target's dtype (on the CPU). Rows are batched
+    with *right* padding by similar length: the target is causal, so padding after a row never changes its features
+    (up to batched-matmul rounding)."""
+    from tqdm.auto import tqdm
+
+    from .drafter import target_features
+    out: list = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
+    for b in tqdm(range(0, len(order), bs), desc="target features", disable=not progress):
+        idx = order[b: b + bs]
+        seqs = [rows[i]["input_ids"][:max_len] for i in idx]
+        width = max(len(x) for x in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long)
+        att = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, x in enumerate(seqs):
+            ids[r, : len(x)] = torch.tensor(x)
+            att[r, : len(x)] = 1
+        hs = target(input_ids=ids.to(target.device), attention_mask=att.to(target.device),
+                    output_hidden_states=True).hidden_states
+        f = target_features(hs, layer_ids).cpu()
+        for r, i in enumerate(idx):
+            out[i] = f[r, : len(seqs[r])].clone()
+    return out
+
+
+def cached_features(target, target_dir: str | Path, rows: list[dict], layer_ids, max_len: int, dtype: str,
+                    bs: int = 8, progress: bool = False) -> FeatureStore:
+    """The features of ``rows`` for ``target`` (loaded from ``target_dir`` in ``dtype``), from the cache or computed
+    now (resuming a killed computation shard by shard)."""
+    from tqdm.auto import tqdm
+    key = feature_key(target_dir, layer_ids, rows, max_len, dtype)
+    root = cache_dir() / "features" / key
+    if (root / "index.json").exists():
+        return FeatureStore(root)
+    root.mkdir(parents=True, exist_ok=True)
+    n_shards = (len(rows) + SHARD_ROWS - 1) // SHARD_ROWS
+    shards, computed, dim = [], 0, None
+    bar = tqdm(total=len(rows), desc="target features", disable=not progress)
+    for s in range(n_shards):
+        lo, hi = s * SHARD_ROWS, min(len(rows), (s + 1) * SHARD_ROWS)
+        meta_name = f"shard-{s:05d}.json"
+        if not (root / meta_name).exists():
+            feats = compute_features(target, rows[lo:hi], layer_ids, max_len, bs)
+            flat = torch.cat(feats).to(torch.bfloat16).contiguous()
+            offs = np.cumsum([0] + [f.shape[0] for f in feats]).tolist()
+            tmp = root / f".shard-{s:05d}.bin.tmp"
+            flat.view(torch.int16).numpy().tofile(tmp)
+            os.replace(tmp, root / f"shard-{s:05d}.bin")
+            write_json(root / meta_name, {"first_row": lo, "offsets": offs, "file": f"shard-{s:05d}.bin",
+                                          "dim": flat.shape[1]})
+            computed += hi - lo
+        dim = read_json(root / meta_name)["dim"]
+        shards.append(meta_name)
+        bar.update(hi - lo)
+    bar.close()
+    write_json(root / "index.json", {"rows": len(rows), "dim": dim, "shards": shards, "max_len": max_len,
+                                     "layer_ids": list(layer_ids), "dtype": dtype, "target_dir": str(target_dir),
+                                     "computed_rows": computed})
+    store = FeatureStore(root)
+    store.computed_rows = computed
+    return store

@@ -1,0 +1,121 @@
+"""The fast CPU paths: the shared feature cache, bf16 training over fp32 master weights with a frozen target, and
+the vLLM regeneration backend against transformers."""
+import pytest
+import torch
+
+from qdflash.config import DataConfig, DrafterConfig, load_config
+from qdflash.drafter import new_drafter
+from qdflash.drafter_train import drafter_loss, make_batch, precompute_features, train_drafter
+from qdflash.features import cached_features
+from qdflash.models import load_model, load_tokenizer, mask_token_id, resolve_target
+
+
+def _rows(n, seed=0, lo=20, hi=60):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        L = int(torch.randint(lo, hi, (1,), generator=g))
+        p = L // 3
+        rows.append({"input_ids": torch.randint(4, 300, (L,), generator=g).tolist(),
+                     "loss_mask": [0] * p + [1] * (L - p), "prompt_len": p})
+    return rows
+
+
+def test_feature_cache_reused_and_invalidated(tmp_path, monkeypatch):
+    monkeypatch.setenv("QDFLASH_CACHE", str(tmp_path / "cache"))
+    tdir = resolve_target("tiny")           # builds the tiny target inside the temporary cache
+    target = load_model("tiny", "float32")
+    rows = _rows(5)
+    a = cached_features(target, tdir, rows, [0, 2], 48, "float32")
+    assert a.computed_rows == 5
+    direct = precompute_features(target, rows, [0, 2], 48)
+    for i, r in enumerate(rows):
+        assert a[i].dtype == torch.bfloat16 and a[i].shape == (min(48, len(r["input_ids"])), 2 * 128)
+        assert torch.allclose(a[i].float(), direct[i], rtol=1e-2, atol=1e-2)
+    b = cached_features(target, tdir, rows, [0, 2], 48, "float32")          # same inputs: nothing recomputed
+    assert b.computed_rows == 0 and b.path == a.path
+    assert torch.equal(b[3], a[3])
+    rows2 = [dict(r) for r in rows]
+    rows2[1] = {**rows2[1], "input_ids": rows2[1]["input_ids"][:-1] + [5]}
+    c = cached_features(target, tdir, rows2, [0, 2], 48, "float32")         # data changed -> new key
+    assert c.computed_rows == 5 and c.path != a.path
+    d = cached_features(target, tdir, rows, [1, 2], 48, "float32")          # other layers -> new key
+    assert d.computed_rows == 5 and d.path != a.path
+    # target weights changed on disk -> new key
+    from safetensors.torch import load_file, save_file
+    f = next(iter(sorted((tmp_path / "cache").glob("tiny-qwen3/*.safetensors"))))
+    st = load_file(f)
+    k = next(k for k in st if k.endswith("q_proj.weight"))
+    st[k] = st[k] * 1.5
+    save_file(st, f, metadata={"format": "pt"})
+    target2 = load_model("tiny", "float32")
+    e = cached_features(target2, tdir, rows, [0, 2], 48, "float32")
+    assert e.computed_rows == 5 and e.path != a.path
+
+
+def test_feature_cache_resumes_after_a_killed_run(tmp_path, monkeypatch):
+    from qdflash import features as FT
+    monkeypatch.setenv("QDFLASH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(FT, "SHARD_ROWS", 2)
+    tdir = resolve_target("tiny")
+    target = load_model("tiny", "float32")
+    rows = _rows(5, seed=1)
+    calls = {"n": 0}
+    real = FT.compute_features
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+    monkeypatch.setattr(FT, "compute_features", dying)
+    with pytest.raises(KeyboardInterrupt):
+        FT.cached_features(target, tdir, rows, [0], 48, "float32")
+    monkeypatch.setattr(FT, "compute_features", real)
+    s = FT.cached_features(target, tdir, rows, [0], 48, "float32")
+    assert s.computed_rows == 3              # the first shard (2 rows) survived; shards 2 and 3 were computed now
+    full = precompute_features(target, rows, [0], 48)
+    for i in range(5):
+        assert torch.allclose(s[i].float(), full[i], rtol=1e-2, atol=1e-2)
+
+
+def test_bf16_drafter_training_lowers_loss_and_leaves_target_frozen(tmp_path):
+    tok = load_tokenizer("tiny")
+    target = load_model("tiny", "bfloat16")
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    cfg = load_config(DrafterConfig, "tiny", dtype="bfloat16", epochs=6, lr=3e-3, batch_size=4)
+    rows = _rows(8, seed=2)
+    feats = precompute_features(target, rows, cfg.target_layer_ids, cfg.max_len, store_dtype=torch.bfloat16)
+    d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_token_id(tok))
+    assert next(d.parameters()).dtype == torch.bfloat16       # built in the target's dtype ...
+    b = make_batch(rows, feats, [0, 1, 2, 3], cfg, d.mask_token_id, torch.Generator().manual_seed(0), 2.0)
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    with torch.no_grad():
+        loss0 = float(drafter_loss(d.float(), emb, head, b, torch.bfloat16)[0])
+    log = train_drafter(d, target, rows, feats, cfg, cfg.epochs, tmp_path / "d.pt", tmp_path / "log.jsonl", "t",
+                        progress=False)
+    assert next(d.parameters()).dtype == torch.float32        # ... trained on fp32 master weights
+    with torch.no_grad():
+        loss1 = float(drafter_loss(d, emb, head, b, torch.bfloat16)[0])
+    assert loss1 < 0.9 * loss0, (loss0, loss1, [r["loss"] for r in log])
+    assert all(p.grad is None for p in target.parameters())
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
+def test_vllm_and_hf_backends_agree_greedy_fp32(tmp_path):
+    """The two regeneration backends produce the same greedy tokens on tiny in fp32 (vLLM runs the fp32 model on the
+    CPU); a mismatch would mean a prompt, EOS or truncation difference between the backends."""
+    from qdflash.data import regenerate, regenerate_vllm, select_prompts, synthetic_prompts
+    tok = load_tokenizer("tiny")
+    cfg = load_config(DataConfig, "tiny", n_prompts=12, max_new_tokens=20, dtype="float32")
+    prompts, _ = synthetic_prompts(cfg.n_prompts, 0)
+    items, _ = select_prompts(cfg, tok, prompts)
+    hf = regenerate(load_model("tiny", "float32"), tok, items, cfg, tmp_path / "hf.jsonl", progress=False)
+    vl, info = regenerate_vllm(resolve_target("tiny"), tok, items, cfg, tmp_path / "vllm.jsonl")
+    assert info["output_tokens"] == sum(len(r["gen_ids"]) for r in vl)
+    same = sum(a["gen_ids"] == b["gen_ids"] for a, b in zip(hf, vl))
+    assert same == len(items), [(a["gen_ids"], b["gen_ids"]) for a, b in zip(hf, vl) if a["gen_ids"] != b["gen_ids"]]
+    # resumable: a rerun with everything in the partial file starts no vLLM job
+    again, info2 = regenerate_vllm(resolve_target("tiny"), tok, items, cfg, tmp_path / "vllm.jsonl")
+    assert info2["resumed"] == len(items) and "generate_s" not in info2
+    assert [r["gen_ids"] for r in again] == [r["gen_ids"] for r in vl]
