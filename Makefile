@@ -17,12 +17,12 @@ export PYTHONUNBUFFERED := 1
 define papermill
 	@mkdir -p $(RUNS)/$(2)
 	@echo "== $(2) (preset $(PRESET))"; start=$$(date +%s); \
-	cd notebooks && ../$(PY) -m papermill -k python3 --log-output --no-progress-bar $(1) ../$(RUNS)/$(2)/executed.ipynb \
+	cd notebooks && QDFLASH_PROGRESS=text QDFLASH_STAGE=$(2) ../$(PY) -m papermill -k python3 --log-output --no-progress-bar $(1) ../$(RUNS)/$(2)/executed.ipynb \
 	  -p PRESET $(PRESET) -p RUNS ../$(RUNS) && \
 	echo "$(2) $$(( $$(date +%s) - start ))s" >> ../$(RUNS)/stage_times.txt
 endef
 
-.PHONY: help setup setup-vllm reproduce test figures stages clean-runs
+.PHONY: help setup setup-vllm reproduce test figures results compare readme stages clean-runs
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | column -t -s$$'\t'
 
@@ -59,28 +59,65 @@ $(VLLM_STAMP): requirements-vllm.txt requirements-vllm.lock pyproject.toml src/v
 setup: $(STAMP) $(VLLM_STAMP)  ## create .venv and .venv-vllm and install everything (pinned)
 setup-vllm: $(VLLM_STAMP)  ## only the vLLM environment
 
-$(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/data.py | $(STAMP)
+$(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/features.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
+    src/qdflash/speculative.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py | $(STAMP)
 	$(call papermill,00_data_prep.ipynb,00_data)
-$(RUNS)/01_qad/metrics.json: notebooks/01_qad.ipynb src/qdflash/qad.py src/qdflash/quant.py $(RUNS)/00_data/metrics.json
+$(RUNS)/01_qad/metrics.json: notebooks/01_qad.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/features.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/qad.py src/qdflash/quant.py src/qdflash/runio.py \
+    src/qdflash/serving.py src/qdflash/speculative.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json
 	$(call papermill,01_qad.ipynb,01_qad)
-$(RUNS)/02_drafter_pretrain/metrics.json: notebooks/02_drafter_pretrain.ipynb src/qdflash/drafter.py src/qdflash/drafter_train.py $(RUNS)/00_data/metrics.json
+$(RUNS)/02_drafter_pretrain/metrics.json: notebooks/02_drafter_pretrain.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/features.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
+    src/qdflash/speculative.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json
 	$(call papermill,02_drafter_pretrain.ipynb,02_drafter_pretrain)
-$(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb $(RUNS)/02_drafter_pretrain/metrics.json $(RUNS)/01_qad/metrics.json
+$(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/features.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
+    src/qdflash/speculative.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/02_drafter_pretrain/metrics.json $(RUNS)/01_qad/metrics.json
 	$(call papermill,03_drafter_finetune.ipynb,03_drafter_finetune)
-$(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/drafter_quant.py $(RUNS)/03_drafter_finetune/metrics.json
+$(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/features.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
+    src/qdflash/speculative.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json
 	$(call papermill,04_drafter_quant.ipynb,04_drafter_quant)
-$(RUNS)/05_serving/metrics.json: notebooks/05_serving.ipynb src/qdflash/serving.py src/qdflash/vllm_worker.py $(RUNS)/04_drafter_quant/metrics.json | $(VLLM_STAMP)
+$(RUNS)/05_serving/metrics.json: notebooks/05_serving.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/features.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
+    src/qdflash/speculative.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/04_drafter_quant/metrics.json | $(VLLM_STAMP)
 	$(call papermill,05_serving.ipynb,05_serving)
-$(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/evaluation.py $(RUNS)/03_drafter_finetune/metrics.json
+$(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/evaluation.py src/qdflash/features.py \
+    src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py \
+    src/qdflash/serving.py src/qdflash/speculative.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json
 	$(call papermill,06_evaluation.ipynb,06_evaluation)
-$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/figures.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json
+$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/cards.py src/qdflash/config.py src/qdflash/figures.py \
+    src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/results.py \
+    src/qdflash/runio.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json \
+    $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json
 	$(call papermill,07_figures.ipynb,07_figures)
 
 stages: $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json  ## every compute stage
 reproduce: $(RUNS)/07_figures/metrics.json  ## the whole DAG for PRESET (default smol), then figures/<preset>/
 	@cat $(RUNS)/stage_times.txt
-figures: | $(STAMP)  ## regenerate figures/tables from saved metrics only
-	$(call papermill,07_figures.ipynb,07_figures)
+figures: | $(STAMP)  ## figures/tables (+ model cards, README block) from runs/$(PRESET), else results/$(PRESET); seconds
+	$(PY) -m qdflash.cli figures --preset $(PRESET) --readme
+results: | $(STAMP)  ## copy runs/$(PRESET)'s metrics/config/run.json + stage times (no weights/data) to results/$(PRESET)
+	$(PY) -m qdflash.cli results --preset $(PRESET)
+compare: | $(STAMP)  ## which metrics of runs/$(PRESET) moved vs results/$(PRESET), with per-metric tolerances
+	$(PY) -m qdflash.cli compare --preset $(PRESET)
+readme: | $(STAMP)  ## switch the README results block to results/$(PRESET) and regenerate it
+	$(PY) -m qdflash.cli readme --preset $(PRESET)
 
 test: $(STAMP) $(VLLM_STAMP)  ## the CI test suite (tiny preset, papermill runs of every notebook, real vLLM)
 	$(PY) -m pytest -q tests

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from qdflash import quant as Q
@@ -54,26 +55,80 @@ def test_one_qad_step_lowers_kl(tiny_pipeline):
         assert abs(float(kl_loss(grid, teacher, batch, 64)[0]) - before) < 1e-6
 
 
-def test_packed_qad_checkpoint_reproduces_fake_quant_logits(tiny_pipeline):
-    """Reloading the exported pack-quantized student with transformers gives the fake-quant forward exactly."""
+@pytest.fixture(scope="module")
+def rtn_template(tmp_path_factory):
+    """A W4A16 g32 RTN checkpoint of the tiny target written by llmcompressor (the packer's template)."""
+    from qdflash.models import resolve_target
+    base = resolve_target("tiny")
+    out = tmp_path_factory.mktemp("ptq") / "ptq-rtn-w4a16-g32"
+    Q.run_ptq(base, "rtn", 32, load_config(QADConfig, "tiny").quant_targets, [], out)
+    return base, out
+
+
+@pytest.mark.parametrize("learn_scale", [False, True])
+def test_pack_checkpoint_equals_independent_quantization(rtn_template, tmp_path, learn_scale):
+    """Move the student's latents (many across bins, some past the INT4 range; with ``learn_scale`` the scales too),
+    pack, reload with transformers (compressed-tensors unpacks): the logits equal those of a dense model whose weights
+    are computed here with plain torch, s * clamp(round(w / s), -8, 7), from the template's scales read with
+    safetensors (or the trained scales)."""
+    import inspect
+
+    from compressed_tensors.compressors import unpack_from_int32
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    base, tmpl = rtn_template
+    kw = {}
+    if learn_scale:
+        if "learn_scale" not in inspect.signature(Q.load_fake_quant_model).parameters:
+            pytest.skip("quant.load_fake_quant_model has no learn_scale")
+        kw["learn_scale"] = True
+    student, group, bits = Q.load_fake_quant_model(tmpl, base, latent_init="jitter", **kw)
+    assert (group, bits) == (32, 4)
+    fq = {n: m for n, m in student.named_modules() if isinstance(m, Q.FakeQuantLinear)}
+    tstate = load_file(str(tmpl / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    dense = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    moved = clamped = total = 0
+    with torch.no_grad():
+        for name, m in fq.items():
+            s0 = tstate[name + ".weight_scale"].float()
+            m.weight.add_(torch.randn(m.weight.shape, generator=g) * 1.5 * s0.repeat_interleave(group, 1))
+            if learn_scale:
+                m.weight_scale.mul_(1 + 0.2 * torch.rand(m.weight_scale.shape, generator=g))
+            s = (m.weight_scale if learn_scale else s0).detach().float().repeat_interleave(group, 1)
+            x = torch.round(m.weight.detach().float() / s)
+            dense.get_submodule(name).weight.copy_(torch.clamp(x, -8, 7) * s)
+            q_tmpl = unpack_from_int32(tstate[name + ".weight_packed"], 4, tuple(x.shape))
+            moved += int((torch.clamp(x, -8, 7) != q_tmpl).sum())
+            clamped += int(((x < -8) | (x > 7)).sum())
+            total += x.numel()
+    assert clamped > 0 and moved > 0.2 * total
+    out = Q.pack_checkpoint(student, tmpl, tmp_path / "packed")
+    packed = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    template = AutoModelForCausalLM.from_pretrained(tmpl, dtype=torch.float32).eval()
+    ids = torch.randint(10, 380, (2, 40), generator=g)
+    with torch.no_grad():
+        a, b, c, t = packed(ids).logits, dense(ids).logits, student(ids).logits, template(ids).logits
+    assert torch.allclose(a, b, atol=1e-5, rtol=0)         # the file holds exactly the independent computation
+    assert torch.allclose(a, c, atol=1e-5, rtol=0)         # ... which is also the student's fake-quant forward
+    assert not torch.allclose(a, t, atol=1e-3)             # and not just the template's integers
+    if not learn_scale:
+        with pytest.raises(ValueError, match="grid moved"):
+            next(iter(fq.values())).weight_scale.mul_(2)
+            Q.pack_checkpoint(student, tmpl, tmp_path / "bad")
+
+
+def test_packed_qad_checkpoint_equals_its_dense_twin(tiny_pipeline):
+    """Stage 01 writes the QAD student twice through independent paths: packed integer codes (compressed-tensors,
+    reloaded by transformers) and the dense de-quantized weights of the in-memory student (the twin)."""
     from transformers import AutoModelForCausalLM
     runs = tiny_pipeline["runs"]
-    cfg = load_config(QADConfig, "tiny")
-    nm = names(cfg)
-    from qdflash.models import resolve_target
-    base = resolve_target(read_json(runs / "00_data" / "config.json")["target"])
-    fq, _, _ = Q.load_fake_quant_model(runs / "01_qad" / nm["qad"], base)
+    nm = names(load_config(QADConfig, "tiny"))
     packed = AutoModelForCausalLM.from_pretrained(runs / "01_qad" / nm["qad"], dtype=torch.float32).eval()
     twin = AutoModelForCausalLM.from_pretrained(runs / "01_qad" / nm["twin"], dtype=torch.float32).eval()
     ids = torch.tensor([read_jsonl(runs / "00_data" / "val.jsonl")[0]["input_ids"]])
     with torch.no_grad():
-        a, b, c = fq(ids).logits, packed(ids).logits, twin(ids).logits
-    assert torch.allclose(a, b, atol=1e-5, rtol=0) and torch.allclose(a, c, atol=1e-5, rtol=0)
-    # the packed ints equal a re-pack of the fake-quant weights: no re-quantization happened
-    ints, scales, group, _ = Q.read_grid(runs / "01_qad" / nm["qad"])
-    for name, qv in ints.items():
-        m = fq.get_submodule(name)
-        assert torch.equal(Q.quantize_ints(m.weight.detach(), m.weight_scale, group).to(torch.int8), qv)
+        assert torch.allclose(packed(ids).logits, twin(ids).logits, atol=1e-5, rtol=0)
 
 
 def test_ptq_and_qad_artifacts_load_and_metrics_are_consistent(tiny_pipeline):

@@ -21,6 +21,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -108,21 +109,48 @@ def observer_scales(w: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
     return scale, zp
 
 
-def gptq_drafter(drafter: DFlashDraftModel, hessians: dict, group: int, dampening: float) -> dict:
-    """Quantize every calibrated Linear in place with llmcompressor's GPTQ update; returns {name: (scale, loss)}."""
+class GPTQLayer(NamedTuple):
+    scale: torch.Tensor             # [out, in / group], the observer's grid
+    loss: float                     # llmcompressor's GPTQ loss
+    used_rtn_fallback: bool         # the damped Hessian was not positive definite: llmcompressor fell back to RTN
+    err_gptq: float                 # tr((W - Q) H (W - Q)^T) with the calibration Hessian, GPTQ weights
+    err_rtn: float                  # the same for round-to-nearest on the same grid
+
+
+def hessian_error(w: torch.Tensor, wq: torch.Tensor, H: torch.Tensor) -> float:
+    """Hessian-weighted reconstruction error tr((W - Wq) H (W - Wq)^T) of one Linear (``H`` over its inputs)."""
+    d = (w - wq).double()
+    return float(torch.einsum("oi,ij,oj->", d, H.double().to(d.device), d))
+
+
+def gptq_drafter(drafter: DFlashDraftModel, hessians: dict, group: int, dampening: float) -> dict[str, GPTQLayer]:
+    """Quantize every calibrated Linear in place with llmcompressor's GPTQ update; returns per layer its grid, loss,
+    whether llmcompressor fell back to RTN (non positive-definite Hessian) and the Hessian-weighted error of the GPTQ
+    weights next to that of RTN on the same grid (GPTQ should be lower on every layer)."""
     from llmcompressor.modifiers.gptq.gptq_quantize import quantize_weight
+
+    from .quant import dequantize, quantize_ints
     args = quant_args(4, group)
     out = {}
     for name, Hm in hessians.items():
         lin = drafter.get_submodule(name)
         if lin.in_features % group:
             raise ValueError(f"{name}: in_features {lin.in_features} not divisible by group {group}")
+        w = lin.weight.data.float().clone()
         scale, zp = observer_scales(lin.weight.data, args)
-        q, loss, _ = quantize_weight(lin.weight.data.float()[None].clone(), Hm[None].clone(), scale[None], zp[None],
-                                     None, args, blocksize=128, percdamp=dampening)
+        q, loss, fallback = quantize_weight(w[None].clone(), Hm[None].clone(), scale[None], zp[None], None, args,
+                                            blocksize=128, percdamp=dampening)
+        rtn = dequantize(quantize_ints(w, scale.to(w.dtype), group, 4), scale.to(w.dtype), group)
         lin.weight.data.copy_(q[0].to(lin.weight.dtype))
-        out[name] = (scale.to(torch.float32).cpu(), float(loss[0]))
+        out[name] = GPTQLayer(scale.to(torch.float32).cpu(), float(loss[0]), bool(fallback[0]),
+                              hessian_error(w, q[0].float(), Hm), hessian_error(w, rtn, Hm))
     return out
+
+
+def ignore_pattern(name: str) -> str:
+    """compressed-tensors ignore entry for the drafter Linear ``name`` under any module prefix ("fc", "model.fc")."""
+    import re
+    return "re:^(.*\\.)?" + re.escape(name) + "$"
 
 
 def save_packed_drafter(drafter: DFlashDraftModel, scales: dict[str, torch.Tensor], bits: int, group: int,
@@ -159,7 +187,10 @@ def save_packed_drafter(drafter: DFlashDraftModel, scales: dict[str, torch.Tenso
         "config_groups": {"group_0": {"targets": ["Linear"], "weights": w, "input_activations": None,
                                       "output_activations": None, "format": "pack-quantized"}},
         "format": "pack-quantized", "quant_method": "compressed-tensors",
-        "ignore": sorted(n for n, m in drafter.named_modules() if isinstance(m, nn.Linear) and n not in scales),
+        # unquantized Linears (``fc`` when include_fc=False) as anchored regexes: vLLM matches ignore entries
+        # against its own prefixes ("model.fc"), so the bare HF name "fc" would not match there
+        "ignore": sorted(ignore_pattern(n) for n, m in drafter.named_modules()
+                         if isinstance(m, nn.Linear) and n not in scales),
         "quantization_status": "compressed", "kv_cache_scheme": None, "sparsity_config": {},
         "transform_config": {}, "global_compression_ratio": None, "version": "0.19.0"}
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -211,6 +242,21 @@ def rtn_w8_drafter(src: str | Path, group: int, out_dir: str | Path) -> Path:
     return out_dir
 
 
+def reusable_decodes(path: Path, target: str, prompts: list[list[int]], cfg: DrafterQuantConfig) -> dict:
+    """Stage 03's per-prompt results on the QAD target ("plain" and the two-stage drafter as "fp32"), when they were
+    decoded with exactly this stage's settings (same target, prompts, length, greedy fp32); else nothing."""
+    from .speculative import results_from_json
+    if not path.exists():
+        return {}
+    d = read_json(path)
+    same = (Path(d["target"]).resolve() == Path(target).resolve() and d["prompts"] == prompts
+            and d["max_new_tokens"] == cfg.eval_new_tokens and d["temperature"] == 0.0 and d["dtype"] == "float32"
+            and d["seed"] == cfg.seed)
+    if not same:
+        return {}
+    return {"plain": results_from_json(d["results"]["plain"]), "fp32": results_from_json(d["results"]["two_stage"])}
+
+
 def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finetune_dir, progress=True):
     from .speculative import compare_with_plain
     from .drafter_train import eval_prompts
@@ -230,8 +276,10 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
         d = load_drafter(src).to(twin.device)
         H = collect_hessians(d, twin, rows, cfg.anchors_per_conv, cfg.include_fc, progress)
         res = gptq_drafter(d, H, g4, cfg.dampening)
-        save_packed_drafter(d.cpu(), {k: v[0] for k, v in res.items()}, 4, g4, out / n4,
-                            {"gptq_loss": {k: v[1] for k, v in res.items()}, "calib_convs": len(rows),
+        save_packed_drafter(d.cpu(), {k: v.scale for k, v in res.items()}, 4, g4, out / n4,
+                            {"gptq_loss": {k: v.loss for k, v in res.items()}, "calib_convs": len(rows),
+                             "used_rtn_fallback": sorted(k for k, v in res.items() if v.used_rtn_fallback),
+                             "hessian_error": {k: {"gptq": v.err_gptq, "rtn": v.err_rtn} for k, v in res.items()},
                              "anchors_per_conv": cfg.anchors_per_conv, "dampening": cfg.dampening})
         timings["gptq_s"] = round(time.time() - ts, 2)
     if not (out / n8 / "config.json").exists():
@@ -243,19 +291,27 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
     drafters = {k: load_drafter(p).to(target.device) for k, p in
                 (("fp32", src), ("w8a16", out / n8), ("w4a16", out / n4))}
     prompts = eval_prompts(data_dir, cfg.eval_prompts)
-    table = {}
+    reuse = reusable_decodes(Path(finetune_dir) / "decode-qad.json", str(Path(qad_dir) / qm["names"]["qad"]),
+                             prompts, cfg)
+    table, per_prompt = {}, {}
     for swa in (None, cfg.swa_window):
+        # plain decoding does not depend on the drafter window: decoded once (or taken from stage 03)
         res = compare_with_plain(target, prompts, cfg.eval_new_tokens, drafters, 0.0, tok.eos_token_id,
-                                 window=swa, seed=cfg.seed, progress=progress)
+                                 window=swa, seed=cfg.seed, progress=progress,
+                                 reuse=reuse if swa is None else {"plain": per_prompt["plain"]}, results=per_prompt)
         table["plain" if swa is None else "plain_swa"] = res.pop("plain")
         for k, v in res.items():
             table[k + ("" if swa is None else f"-swa{swa}")] = v
     sizes = {"fp32": dir_size_bytes(src), "w8a16": dir_size_bytes(out / n8), "w4a16": dir_size_bytes(out / n4)}
     params = sum(p.numel() for p in drafters["fp32"].parameters())
     ctx_lens = [len(p) for p in prompts]
+    meta = read_json(out / n4 / "drafter_meta.json") if (out / n4 / "drafter_meta.json").exists() else {}
+    herr = meta.get("hessian_error", {})
+    gptq = {"used_rtn_fallback": meta.get("used_rtn_fallback"), "layers": len(herr),
+            "layers_gptq_below_rtn": sum(v["gptq"] < v["rtn"] for v in herr.values())}
     m = finish_run(out, {"table": table, "checkpoints": {"fp32": str(src), "w8a16": n8, "w4a16": n4},
                          "disk_bytes": sizes, "params": params, "bf16_bytes": params * 2,
                          "swa_window": cfg.swa_window, "eval_prompts": len(prompts),
                          "prompt_len_mean": sum(ctx_lens) / max(1, len(ctx_lens)),
-                         "eval_new_tokens": cfg.eval_new_tokens, "timings": timings}, t0)
+                         "eval_new_tokens": cfg.eval_new_tokens, "timings": timings, "gptq": gptq}, t0)
     return DrafterQuantResult(out, {"w4a16": out / n4, "w8a16": out / n8}, m)

@@ -1,8 +1,12 @@
 """Stage 06: quality gates with lm-eval.
 
-``full``: the real tasks, ``mmlu_pro`` (5-shot, exact_match custom-extract; size-weighted group score and the
-unweighted mean over the 14 subjects), ``ifeval`` (inst/prompt-level strict acc) and ``gpqa_diamond_cot_zeroshot``
-(flexible-extract) on the hf backend, with the competition thresholds 0.621 / 0.814 / 0.630 as pass/fail.
+``full``: the real tasks as the paper's harness runs them (reference/paper.md, section 1.7): ``mmlu_pro`` (5-shot,
+exact_match custom-extract; the gate is the *unweighted* mean over the 14 subjects, lm-eval's size-weighted group
+score is kept next to it) and ``ifeval`` (prompt-level strict acc; inst-level strict kept next to it) with thinking
+off, ``gpqa_diamond_cot_zeroshot`` (flexible-extract) with thinking on, on the hf backend, with the competition
+thresholds 0.621 / 0.814 / 0.630 as pass/fail. Every backend generates at most ``EvalConfig.max_gen_toks`` tokens
+and loads the models in ``EvalConfig.dtype``. Every gate score carries a 95% bootstrap interval over items
+(``score_ci95``; stratified by subject for the MMLU-Pro mean).
 
 Offline presets: local task YAMLs written into the run directory (absolute data paths) over small generated data in
 the same three formats: 10-option multiple choice with CoT and ``answer is (X)`` extraction in two "subjects",
@@ -23,8 +27,12 @@ from pathlib import Path
 from .config import EvalConfig
 from .runio import cache_dir, device, finish_run, read_json, start_run, write_jsonl
 
-TASKS_FULL = {"mmlu_pro": "exact_match,custom-extract", "ifeval": "inst_level_strict_acc,none",
-              "gpqa_diamond_cot_zeroshot": "exact_match,flexible-extract"}
+MC_METRIC, IF_METRIC, GPQA_METRIC = ("exact_match,custom-extract", "prompt_level_strict_acc,none",
+                                     "exact_match,flexible-extract")
+TASKS_FULL = {"mmlu_pro": MC_METRIC, "ifeval": IF_METRIC, "gpqa_diamond_cot_zeroshot": GPQA_METRIC}
+THINKING_FULL = {"mmlu_pro": False, "ifeval": False, "gpqa_diamond_cot_zeroshot": True}   # as the paper sets it
+THINK_END = "</think>"          # Qwen3.5's end of reasoning: lm-eval strips everything before it when thinking
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 LETTERS = "ABCDEFGHIJ"
 
 
@@ -166,7 +174,7 @@ filter_list:
         regex_pattern: 'answer is \\(?([ABCDEFGHIJ])\\)?'
       - function: take_first
 """ + _em_tail(cfg.max_gen_toks))
-        tasks[name] = "exact_match,custom-extract"
+        tasks[name] = MC_METRIC
     write_jsonl(task_dir / "ifeval.jsonl", make_ifeval(cfg.n_ifeval, seed))
     (task_dir / "utils.py").write_text("from lm_eval.tasks.ifeval.utils import process_results, agg_inst_level_acc  "
                                        "# noqa: F401\n")
@@ -199,7 +207,7 @@ metric_list:
     higher_is_better: true
 metadata: {{version: 1.0}}
 """)
-    tasks["local_ifeval"] = "inst_level_strict_acc,none"
+    tasks["local_ifeval"] = IF_METRIC
     write_jsonl(task_dir / "gpqa.jsonl", make_gpqa(cfg.n_gpqa, seed))
     (task_dir / "local_gpqa.yaml").write_text(f"""task: local_gpqa
 dataset_path: json
@@ -220,7 +228,7 @@ filter_list:
         regex_pattern: "(\\\\([A-Z]\\\\))"
       - function: take_first
 """ + _em_tail(cfg.max_gen_toks))
-    tasks["local_gpqa"] = "exact_match,flexible-extract"
+    tasks["local_gpqa"] = GPQA_METRIC
     return tasks
 
 
@@ -231,18 +239,20 @@ def _spec_lm_class():
     class SpecLM(LM):
         """lm-eval generate_until through the reference (speculative) decoder, batch 1, greedy."""
 
-        def __init__(self, target_dir: str, drafter_dir: str | None = None, max_gen_toks: int = 256):
+        def __init__(self, target_dir: str, drafter_dir: str | None = None, max_gen_toks: int = 256,
+                     dtype: str = "float32"):
             super().__init__()
             from transformers import AutoTokenizer
 
             from .drafter import load_drafter
             from .models import load_model
+            from .runio import torch_dtype
             self.tok = AutoTokenizer.from_pretrained(target_dir)
-            self.model = load_model(target_dir)
-            self.drafter = load_drafter(drafter_dir) if drafter_dir else None
+            self.model = load_model(target_dir, dtype)
+            self.drafter = load_drafter(drafter_dir, torch_dtype(dtype)) if drafter_dir else None
             self.max_gen_toks = max_gen_toks
             self.outputs: list[str] = []
-            self.accept_lengths: list[int] = []
+            self.results: list = []          # one speculative.GenResult per request
 
         @property
         def tokenizer_name(self) -> str:
@@ -265,7 +275,7 @@ def _spec_lm_class():
                 for stop in kw.get("until") or []:
                     if stop and stop in text:
                         text = text.split(stop)[0]
-                self.accept_lengths += r.accept_lengths
+                self.results.append(r)
                 out.append(text)
             self.outputs += out
             return out
@@ -279,40 +289,105 @@ def _spec_lm_class():
     return SpecLM
 
 
+def task_groups(cfg: EvalConfig, tasks: dict[str, str]) -> list[tuple[bool | None, dict[str, str]]]:
+    """The lm-eval runs of one model: ``full`` splits its tasks by the paper's thinking setting (one run with
+    thinking off, one with it on); the offline presets' small models have no thinking mode (one run, None)."""
+    if cfg.preset != "full":
+        return [(None, dict(tasks))]
+    unknown = sorted(set(tasks) - set(THINKING_FULL))
+    if unknown:
+        raise ValueError(f"no thinking setting for task(s) {unknown}; known: {sorted(THINKING_FULL)}")
+    return [(th, {t: m for t, m in tasks.items() if THINKING_FULL[t] == th})
+            for th in (False, True) if any(THINKING_FULL[t] == th for t in tasks)]
+
+
+def hf_model_args(path: str, cfg: EvalConfig, thinking: bool | None) -> str:
+    """lm-eval ``hf`` model_args: the preset's dtype and, where set, the chat template's thinking switch."""
+    args = f"pretrained={path},dtype={cfg.dtype}"
+    if thinking is not None:
+        args += f",enable_thinking={thinking}" + (f",think_end_token={THINK_END}" if thinking else "")
+    return args
+
+
 def _evaluate(model, tasks: dict[str, str], task_dir: Path | None, cfg: EvalConfig, model_args: str | None = None):
+    """One lm-eval run; returns (results, effective n-samples, logged samples by task). Generation is capped at
+    ``cfg.max_gen_toks`` on every backend (it overrides the tasks' own ``generation_kwargs``)."""
     import lm_eval
     from lm_eval.tasks import TaskManager
     tm = TaskManager(include_path=str(task_dir)) if task_dir else TaskManager()
     res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(tasks), task_manager=tm,
                                   batch_size=cfg.batch_size, device=device(), apply_chat_template=True,
-                                  limit=None, log_samples=False, random_seed=0, numpy_random_seed=0,
-                                  torch_random_seed=0, fewshot_random_seed=0)
-    return res["results"], {k: v.get("effective", v.get("original")) if isinstance(v, dict) else v
-                            for k, v in (res.get("n-samples") or {}).items()}
+                                  gen_kwargs={"max_gen_toks": cfg.max_gen_toks},
+                                  limit=None, log_samples=True, random_seed=0, numpy_random_seed=1234,
+                                  torch_random_seed=1234, fewshot_random_seed=0)    # the paper harness's seeds
+    n = {k: v.get("effective", v.get("original")) if isinstance(v, dict) else v
+         for k, v in (res.get("n-samples") or {}).items()}
+    return res["results"], n, res.get("samples") or {}
 
 
-def gate_scores(results: dict, n_samples: dict, tasks: dict[str, str], thresholds) -> dict:
-    """Three gates: MC (size-weighted over subjects, plus unweighted mean), IF, GPQA."""
-    mc = [t for t in tasks if "mmlu_pro" in t and t != "mmlu_pro"] or [t for t in results if t.startswith("mmlu_pro_")]
-    out = {}
-    key_mc = tasks.get(mc[0], "exact_match,custom-extract") if mc else "exact_match,custom-extract"
-    subj = {t: results[t][key_mc] for t in mc if t in results and key_mc in results[t]}
-    if "mmlu_pro" in results and key_mc in results["mmlu_pro"]:
-        weighted = results["mmlu_pro"][key_mc]
-    else:
-        w = {t: n_samples.get(t, 1) or 1 for t in subj}
-        weighted = sum(subj[t] * w[t] for t in subj) / max(1, sum(w.values()))
-    out["mc"] = {"score": weighted, "unweighted_mean": sum(subj.values()) / max(1, len(subj)),
-                 "threshold": thresholds[0], "pass": bool(weighted >= thresholds[0]), "subjects": subj}
+def item_scores(samples: dict, task: str, metric_key: str) -> list[float]:
+    """Per-item values of ``metric,filter`` from lm-eval's logged samples of ``task`` (document order)."""
+    metric, _, filt = metric_key.partition(",")
+    rows = [s for s in samples.get(task, []) if s.get("filter", "none") == (filt or "none") and metric in s]
+    return [float(s[metric]) for s in sorted(rows, key=lambda s: s["doc_id"])]
+
+
+def bootstrap_mean_ci(strata: list[list[float]], resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int = BOOTSTRAP_SEED) -> list[float]:
+    """95% percentile bootstrap interval of the unweighted mean of per-stratum means, items resampled with
+    replacement within each stratum (one stratum: the plain mean over items)."""
+    import numpy as np
+    strata = [np.asarray(x, dtype=np.float64) for x in strata if len(x)]
+    if not strata:
+        return [float("nan"), float("nan")]
+    rng = np.random.default_rng(seed)
+    means = np.mean([x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(1) for x in strata], axis=0)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def gate_scores(results: dict, n_samples: dict, tasks: dict[str, str], thresholds, samples: dict | None = None) -> dict:
+    """The three gates the way the paper's harness computes them: MC = the unweighted mean over subjects (the
+    size-weighted score is kept as ``size_weighted``), IFEval = prompt-level strict accuracy (inst-level strict kept
+    as ``inst_level_strict_acc``), GPQA = flexible-extract exact match. With lm-eval's logged samples each score
+    gets a 95% bootstrap interval over items (``score_ci95``)."""
+    samples = samples or {}
+    mc = sorted(t for t in results if "mmlu_pro_" in t)
+    if not mc:
+        raise ValueError(f"no MMLU-Pro subject results among {sorted(results)}")
+    subj = {t: results[t][MC_METRIC] for t in mc}
+    w = {t: n_samples.get(t, 1) or 1 for t in subj}
+    weighted = sum(subj[t] * w[t] for t in subj) / sum(w.values())
+    score = sum(subj.values()) / len(subj)
+    out = {"mc": {"score": score, "size_weighted": weighted, "subjects": subj, "threshold": thresholds[0],
+                  "pass": bool(score >= thresholds[0])}}
+    per_subject = [item_scores(samples, t, MC_METRIC) for t in mc]
+    if all(per_subject):
+        out["mc"]["score_ci95"] = bootstrap_mean_ci(per_subject)
     ift = next(t for t in tasks if "ifeval" in t)
-    out["ifeval"] = {"score": results[ift]["inst_level_strict_acc,none"],
-                     "prompt_level_strict_acc": results[ift]["prompt_level_strict_acc,none"],
-                     "threshold": thresholds[1]}
-    out["ifeval"]["pass"] = bool(out["ifeval"]["score"] >= thresholds[1])
+    out["ifeval"] = {"score": results[ift][IF_METRIC],
+                     "inst_level_strict_acc": results[ift].get("inst_level_strict_acc,none"),
+                     "threshold": thresholds[1], "pass": bool(results[ift][IF_METRIC] >= thresholds[1])}
     gt = next(t for t in tasks if "gpqa" in t)
-    out["gpqa"] = {"score": results[gt]["exact_match,flexible-extract"], "threshold": thresholds[2]}
-    out["gpqa"]["pass"] = bool(out["gpqa"]["score"] >= thresholds[2])
+    out["gpqa"] = {"score": results[gt][GPQA_METRIC], "threshold": thresholds[2],
+                   "pass": bool(results[gt][GPQA_METRIC] >= thresholds[2])}
+    for gate, task, key in (("ifeval", ift, IF_METRIC), ("gpqa", gt, GPQA_METRIC)):
+        items = item_scores(samples, task, key)
+        if items:
+            out[gate]["score_ci95"] = bootstrap_mean_ci([items])
+            out[gate]["items"] = len(items)
     return out
+
+
+def _evaluate_model(model, tasks, task_dir, cfg: EvalConfig, path: str | None = None):
+    """All task groups of one model (hf backend when ``path`` is given, else the LM instance ``model``)."""
+    results, n, samples = {}, {}, {}
+    for thinking, group in task_groups(cfg, tasks):
+        r, k, s = _evaluate(model, group, task_dir, cfg, hf_model_args(path, cfg, thinking) if path else None)
+        results.update(r)
+        n.update(k)
+        samples.update(s)
+    return results, n, samples
 
 
 def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, progress=True) -> EvalResult:
@@ -327,31 +402,34 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
     models.update({k: str(Path(qad_dir) / qm["names"][k]) for k in ("rtn", "gptq", "qad")})
     if cfg.preset == "full":
         tasks, task_dir = dict(TASKS_FULL), None
-        tasks.update({t: "exact_match,custom-extract" for t in []})
     else:
         task_dir = out / "tasks"
         tasks = write_local_tasks(task_dir, cfg)
     results, raw = {}, {}
     for name, path in models.items():
-        res, n = _evaluate("hf", tasks, task_dir, cfg, f"pretrained={path},dtype=float32")
+        res, n, samples = _evaluate_model("hf", tasks, task_dir, cfg, path)
         raw[name] = res
-        results[name] = gate_scores(res, n, tasks, cfg.thresholds)
+        results[name] = gate_scores(res, n, tasks, cfg.thresholds, samples)
     spec = {}
     if cfg.with_speculation and cfg.preset != "full":
+        from .speculative import acceptance_stats
         fm = read_json(Path(finetune_dir) / "metrics.json")
         drafter_dir = str(Path(finetune_dir) / fm["drafters"]["two_stage"])
         SpecLM = _spec_lm_class()
-        plain = SpecLM(models["qad"], None, cfg.max_gen_toks)
-        withd = SpecLM(models["qad"], drafter_dir, cfg.max_gen_toks)
-        rp, n_p = _evaluate(plain, tasks, task_dir, cfg)
-        rs, n_s = _evaluate(withd, tasks, task_dir, cfg)
-        results["qad (our loop, plain)"] = gate_scores(rp, n_p, tasks, cfg.thresholds)
-        results["qad (our loop, speculative)"] = gate_scores(rs, n_s, tasks, cfg.thresholds)
-        lens = withd.accept_lengths
-        spec = {"outputs": len(plain.outputs),
+        plain = SpecLM(models["qad"], None, cfg.max_gen_toks, cfg.dtype)
+        withd = SpecLM(models["qad"], drafter_dir, cfg.max_gen_toks, cfg.dtype)
+        rp, n_p, s_p = _evaluate_model(plain, tasks, task_dir, cfg)
+        rs, n_s, s_s = _evaluate_model(withd, tasks, task_dir, cfg)
+        results["qad (our loop, plain)"] = gate_scores(rp, n_p, tasks, cfg.thresholds, s_p)
+        results["qad (our loop, speculative)"] = gate_scores(rs, n_s, tasks, cfg.thresholds, s_s)
+        st = acceptance_stats(withd.results)
+        spec = {"outputs": len(plain.outputs), "dtype": cfg.dtype,
                 "mismatched_outputs": sum(a != b for a, b in zip(plain.outputs, withd.outputs)),
-                "tau": sum(lens) / max(1, len(lens))}
+                **{k: st[k] for k in ("tau", "tau_ci95", "per_position", "per_position_ci95", "steps", "prompts")
+                   if k in st}}
     (out / "lm_eval_results.json").write_text(json.dumps(raw, indent=1, default=str))
     m = finish_run(out, {"results": results, "speculation_check": spec, "tasks": tasks,
+                         "thinking": {t: THINKING_FULL.get(t) for t in tasks} if cfg.preset == "full" else None,
+                         "max_gen_toks": cfg.max_gen_toks, "dtype": cfg.dtype,
                          "thresholds": list(cfg.thresholds)}, t0)
     return EvalResult(out, m)

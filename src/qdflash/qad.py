@@ -331,7 +331,8 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     teacher = load_model(base, cfg.dtype)                   # bf16 on smol: the teacher only runs forwards
     teacher.requires_grad_(False)
     student, group, bits = load_fake_quant_model(out / nm[cfg.init_from], base, torch.float32, cfg.latent_init,
-                                                 cfg.seed, learn_scale="scale" in cfg.train_params)
+                                                 cfg.seed, learn_scale="scale" in cfg.train_params,
+                                                 scale_dtype=torch_dtype(cfg.scale_dtype))
     student.to(teacher.device)
     select = train[len(train) - cfg.select_seqs:] if cfg.select_seqs else []
     fit = train[: len(train) - cfg.select_seqs] if cfg.select_seqs else train

@@ -69,12 +69,13 @@ class FakeQuantLinear(nn.Linear):
     codes are computed by ``quantize_ints`` in fp32 for the forward, the packing and the dense twin alike."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, scale: torch.Tensor, group: int,
-                 bits: int = 4, device=None, dtype=None, learn_scale: bool = False):
+                 bits: int = 4, device=None, dtype=None, learn_scale: bool = False,
+                 scale_dtype: torch.dtype = torch.float32):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         if in_features % group:
             raise ValueError(f"in_features {in_features} is not a multiple of group size {group}")
-        self.group, self.bits, self.learn_scale = group, bits, learn_scale
-        sc = scale.detach().clone().to(device=device, dtype=torch.float32)
+        self.group, self.bits, self.learn_scale, self.scale_dtype = group, bits, learn_scale, scale_dtype
+        sc = scale.detach().clone().to(device=device, dtype=scale_dtype).to(torch.float32)
         if learn_scale:
             self.weight_scale = nn.Parameter(sc)
         else:
@@ -82,23 +83,32 @@ class FakeQuantLinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, scale: torch.Tensor, group: int, bits: int = 4,
-                    learn_scale: bool = False) -> "FakeQuantLinear":
+                    learn_scale: bool = False, scale_dtype: torch.dtype = torch.float32) -> "FakeQuantLinear":
         new = cls(lin.in_features, lin.out_features, lin.bias is not None, scale, group, bits,
-                  device=lin.weight.device, dtype=lin.weight.dtype, learn_scale=learn_scale)
+                  device=lin.weight.device, dtype=lin.weight.dtype, learn_scale=learn_scale, scale_dtype=scale_dtype)
         new.weight = lin.weight
         if lin.bias is not None:
             new.bias = lin.bias
         return new
 
+    def grid_scale(self) -> torch.Tensor:
+        """The scales as served: rounded to ``scale_dtype`` (a bf16 checkpoint is loaded with bf16 scales, so a grid
+        that is not bf16-exact would not be the grid that runs); a learned scale keeps its fp32 master value and
+        passes its gradient straight through the rounding."""
+        s = self.weight_scale.float()
+        if self.scale_dtype == torch.float32:
+            return s
+        return s.detach().to(self.scale_dtype).float() + (s - s.detach())   # value exact, gradient to s
+
     def codes(self) -> torch.Tensor:
         """The integer codes of the current latents on the current grid (fp32 arithmetic)."""
-        return quantize_ints(self.weight.detach().float(), self.weight_scale.detach().float(), self.group, self.bits)
+        return quantize_ints(self.weight.detach().float(), self.grid_scale().detach(), self.group, self.bits)
 
     def quantized_weight(self) -> torch.Tensor:
         w = self.weight.float()
         if self.learn_scale:
-            return fake_quant_learned_scale(w, self.weight_scale, self.group, self.bits)
-        return fake_quant(w, self.weight_scale, self.group, self.bits)
+            return fake_quant_learned_scale(w, self.grid_scale(), self.group, self.bits)
+        return fake_quant(w, self.grid_scale(), self.group, self.bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.quantized_weight()
@@ -112,14 +122,14 @@ def module_matches(name: str, targets: Iterable[str]) -> bool:
 
 
 def apply_fake_quant(model: nn.Module, scales: dict[str, torch.Tensor], group: int, bits: int = 4,
-                     learn_scale: bool = False) -> list[str]:
+                     learn_scale: bool = False, scale_dtype: torch.dtype = torch.float32) -> list[str]:
     """Swap every ``nn.Linear`` named in ``scales`` for a FakeQuantLinear on that grid; returns the names."""
     done = []
     for name, mod in list(model.named_modules()):
         if name in scales and isinstance(mod, nn.Linear) and not isinstance(mod, FakeQuantLinear):
             parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
             setattr(parent, name.rsplit(".", 1)[-1],
-                    FakeQuantLinear.from_linear(mod, scales[name], group, bits, learn_scale))
+                    FakeQuantLinear.from_linear(mod, scales[name], group, bits, learn_scale, scale_dtype))
             done.append(name)
     missing = sorted(set(scales) - set(done))
     if missing:
@@ -239,11 +249,11 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
         mod = k.rsplit(".", 1)[0]
         if mod in fq and k.endswith(".weight"):
             m = fq[mod]
-            sc = m.weight_scale.detach().float().cpu()
-            if not m.learn_scale and not torch.equal(sc, t_scales[mod]):
+            sc = m.grid_scale().detach().cpu()
+            if not m.learn_scale and not torch.equal(sc, t_scales[mod].to(m.scale_dtype).float()):
                 raise ValueError(f"{mod}: its grid moved away from the template's (scales differ)")
             state.update(packed_tensors(mod, m.codes().cpu(), sc.to(t_dtypes[mod]), bits))
-        else:
+        elif not (mod in fq and k.endswith(".weight_scale")):     # a learned scale is packed above, as served
             state[k] = v.detach().cpu().contiguous()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
@@ -260,7 +270,8 @@ def pack_checkpoint(model: nn.Module, template_ckpt: str | Path, out_dir: str | 
 
 
 def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.dtype = torch.float32,
-                          latent_init: str = "grid", seed: int = 0, learn_scale: bool = False):
+                          latent_init: str = "grid", seed: int = 0, learn_scale: bool = False,
+                          scale_dtype: torch.dtype = torch.float32):
     """The dense ``base_dir`` model with every packed Linear of ``ckpt`` wrapped in FakeQuantLinear on the
     checkpoint's grid (the QAD student's starting point). Its quantized forward equals the checkpoint exactly.
 
@@ -283,5 +294,5 @@ def load_fake_quant_model(ckpt: str | Path, base_dir: str | Path, dtype: torch.d
                 s_full = scales[name].repeat_interleave(group, 1)
                 deq = deq + (torch.rand(deq.shape, generator=gen) - 0.5) * 0.9 * s_full
             lin.weight.copy_(deq.to(dtype))
-    apply_fake_quant(model, scales, group, bits, learn_scale)
+    apply_fake_quant(model, scales, group, bits, learn_scale, scale_dtype)
     return model, group, bits

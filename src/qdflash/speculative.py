@@ -6,9 +6,16 @@ draft equals the target's token is accepted, plus the target's token at the firs
 the block (bonus). Every emitted token is therefore a target sample given the emitted prefix: lossless at any
 temperature. Acceptance length per step = accepted drafts + 1 (the bonus/correction counted), in [1, B].
 Plain decoding runs through the same loop with no drafter (B = 1).
+
+Rolling back the rejected positions: attention layers crop their KV (``DynamicCache.crop``). A hybrid target
+(Qwen3.5: Gated DeltaNet layers with a conv state and a recurrent state that has absorbed every verified token)
+cannot be cropped, so its linear-attention states are snapshotted before verification; on a rejection the block's
+KV is cropped, the snapshot restored and the accepted tokens re-run (``rollback_block``). A fully accepted block
+needs neither.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +49,43 @@ def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator | Non
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, -1)
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+
+def _recurrent(layer_or_class) -> bool:
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    cls = layer_or_class if isinstance(layer_or_class, type) else type(layer_or_class)
+    return issubclass(cls, LinearAttentionCacheLayerMixin)
+
+
+def snapshot_recurrent(cache) -> list | None:
+    """Copies of the conv and recurrent states of every linear-attention layer of ``cache``; None when it has none
+    (a plain-attention cache, which ``crop`` rolls back)."""
+    snap = [(i, {k: None if v is None else v.clone() for k, v in layer.conv_states.items()},
+             {k: None if v is None else v.clone() for k, v in layer.recurrent_states.items()},
+             dict(layer.has_previous_state)) for i, layer in enumerate(cache.layers) if _recurrent(layer)]
+    return snap or None
+
+
+def rollback_block(cache, snapshot: list, n_block: int) -> None:
+    """Undo the last forward of ``n_block`` tokens: crop them from every attention layer's KV and put the
+    linear-attention states back to ``snapshot`` (taken just before that forward)."""
+    from transformers.cache_utils import CacheLayerMixin
+    for i, conv, rec, prev in snapshot:
+        layer = cache.layers[i]
+        for states, saved in ((layer.conv_states, conv), (layer.recurrent_states, rec)):
+            for k, v in saved.items():
+                if v is not None and states[k] is not None and states[k].shape == v.shape:
+                    states[k].copy_(v)          # in place: transformers keeps these tensors at a static address
+                else:
+                    states[k] = None if v is None else v.clone()
+        layer.has_previous_state.update(prev)
+    for layer in cache.layers:
+        if not isinstance(layer, CacheLayerMixin):
+            continue
+        # a layer holding both kinds crops only its attention part (the first non-recurrent crop in its MRO)
+        crop = next(c.crop for c in type(layer).__mro__
+                    if "crop" in c.__dict__ and issubclass(c, CacheLayerMixin) and not _recurrent(c))
+        crop(layer, -n_block)
 
 
 @torch.no_grad()
@@ -83,14 +127,19 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
             res.draft_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         pos = torch.arange(start, start + B, device=dev)[None]
+        snap = snapshot_recurrent(tcache) if B > 1 else None
         out = target(input_ids=torch.tensor([block], device=dev), position_ids=pos, past_key_values=tcache,
                      use_cache=True, output_hidden_states=drafter is not None)
         post = _sample(out.logits[0], temperature, gen).tolist()
         acc = 0
         while acc < B - 1 and block[acc + 1] == post[acc]:
             acc += 1
-        if B - acc - 1 > 0:
+        if B - acc - 1 > 0 and snap is None:
             tcache.crop(-(B - acc - 1))   # drop the rejected positions' KV
+        elif B - acc - 1 > 0:             # recurrent layers: back to the pre-block state, then the accepted tokens
+            rollback_block(tcache, snap, B)
+            target.base_model(input_ids=torch.tensor([block[: acc + 1]], device=dev),   # no lm_head: states only
+                              position_ids=pos[:, : acc + 1], past_key_values=tcache, use_cache=True)
         if drafter is not None:
             ctx = target_features(out.hidden_states, layer_ids)[:, : acc + 1]
             ctx_pos = torch.arange(start, start + acc + 1, device=dev)[None]
@@ -108,22 +157,99 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
     return res
 
 
-def acceptance_stats(results: list[GenResult]) -> dict:
-    """tau (mean acceptance length, bonus counted, pooled over steps), per-position acceptance rates r_i
-    (fraction of steps whose draft position i was accepted; sum r_i = tau - 1), and the per-request mean tau."""
+BOOTSTRAP_RESAMPLES = 2000      # percentile bootstrap over prompts (the unit of independence), 95% intervals
+BOOTSTRAP_SEED = 0
+
+
+def _per_prompt(results: list[GenResult], B: int):
+    """Per prompt: sum of acceptance lengths [P], verify steps [P], steps accepting draft position i [P, B-1]."""
+    import numpy as np
+    s = np.array([sum(r.accept_lengths) for r in results], dtype=np.float64)
+    n = np.array([len(r.accept_lengths) for r in results], dtype=np.float64)
+    c = np.array([[sum(1 for a in r.accept_lengths if a - 1 > i) for i in range(B - 1)] for r in results],
+                 dtype=np.float64).reshape(len(results), B - 1)
+    return s, n, c
+
+
+def _resample_counts(n_prompts: int, resamples: int, seed: int):
+    """[R, P] multiplicities of each prompt in R bootstrap resamples of the P prompts (with replacement)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n_prompts, size=(resamples, n_prompts))
+    w = np.zeros((resamples, n_prompts))
+    np.add.at(w, (np.arange(resamples)[:, None], idx), 1.0)
+    return w
+
+
+def _ci95(x) -> list[float]:
+    import numpy as np
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return [float("nan"), float("nan")]
+    lo, hi = np.percentile(x, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def acceptance_stats(results: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED) -> dict:
+    """tau (mean acceptance length, bonus counted, pooled over all verify steps), per-position acceptance rates r_i
+    (fraction of steps whose draft position i was accepted; sum r_i = tau - 1), the per-request mean tau, and their
+    uncertainty over *prompts*: a seeded percentile bootstrap that resamples whole prompts (steps within a prompt
+    are correlated, so resampling steps would understate it). ``tau_ci95``, ``per_position_ci95`` and
+    ``accept_rate_ci95`` are 95% intervals of the same pooled ratios; ``tau_stderr`` is the bootstrap standard
+    deviation of tau (over prompts, not over steps)."""
+    import numpy as np
     lens = [a for r in results for a in r.accept_lengths]
+    boot = {"unit": "prompt", "resamples": resamples, "seed": seed, "level": 0.95}
     if not lens:
-        return {"tau": float("nan"), "per_position": [], "steps": 0}
+        return {"tau": float("nan"), "tau_ci95": [float("nan")] * 2, "per_position": [], "per_position_ci95": [],
+                "steps": 0, "prompts": len(results), "bootstrap": boot}
     B = results[0].block_size
+    if any(r.block_size != B for r in results):
+        raise ValueError(f"acceptance_stats: results mix block sizes {sorted({r.block_size for r in results})}")
     n = len(lens)
     per_pos = [sum(1 for a in lens if a - 1 > i) / n for i in range(B - 1)]
     per_req = [sum(r.accept_lengths) / len(r.accept_lengths) for r in results if r.accept_lengths]
     tau = sum(lens) / n
-    # standard error of tau over steps: a guide to sampling noise when comparing drafters
-    var = sum((a - tau) ** 2 for a in lens) / max(1, n - 1)
-    return {"tau": tau, "tau_stderr": (var / n) ** 0.5, "tau_per_request_mean": sum(per_req) / len(per_req),
-            "per_position": per_pos, "accept_rate": (tau - 1) / max(1, B - 1), "steps": n,
-            "histogram": [sum(1 for a in lens if a == k) for k in range(1, B + 1)]}
+    s, k, c = _per_prompt(results, B)
+    w = _resample_counts(len(results), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        steps_r = w @ k
+        tau_r = (w @ s) / steps_r                                   # [R]
+        pos_r = (w @ c) / steps_r[:, None]                          # [R, B-1]
+    acc_r = (tau_r - 1) / max(1, B - 1)
+    finite = tau_r[np.isfinite(tau_r)]
+    return {"tau": tau, "tau_ci95": _ci95(tau_r),
+            "tau_stderr": float(finite.std(ddof=1)) if finite.size > 1 else 0.0,
+            "tau_per_request_mean": sum(per_req) / len(per_req),
+            "per_position": per_pos, "per_position_ci95": [_ci95(pos_r[:, i]) for i in range(B - 1)],
+            "accept_rate": (tau - 1) / max(1, B - 1), "accept_rate_ci95": _ci95(acc_r), "steps": n,
+            "prompts": len(results), "histogram": [sum(1 for a in lens if a == j) for j in range(1, B + 1)],
+            "bootstrap": boot}
+
+
+def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED) -> dict:
+    """tau(a) - tau(b) for two decoders run on the same prompts in the same order, with a 95% interval from a paired
+    bootstrap: each resample draws prompts with replacement and recomputes both pooled taus on the same draw, so
+    prompt difficulty cancels. ``frac_a_above_b``: the fraction of resamples where tau(a) > tau(b)."""
+    import numpy as np
+    if len(a_results) != len(b_results) or not a_results:
+        raise ValueError(f"paired_bootstrap needs results on the same non-empty prompt list "
+                         f"(got {len(a_results)} and {len(b_results)})")
+    sa, ka, _ = _per_prompt(a_results, 1)
+    sb, kb, _ = _per_prompt(b_results, 1)
+    if not ka.sum() or not kb.sum():
+        raise ValueError("paired_bootstrap: a decoder has no verify steps")
+    w = _resample_counts(len(a_results), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = (w @ sa) / (w @ ka) - (w @ sb) / (w @ kb)
+    d = d[np.isfinite(d)]
+    ta, tb = float(sa.sum() / ka.sum()), float(sb.sum() / kb.sum())
+    return {"tau_a": ta, "tau_b": tb, "diff": ta - tb, "diff_ci95": _ci95(d),
+            "frac_a_above_b": float((d > 0).mean()) if d.size else float("nan"), "prompts": len(a_results),
+            "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
 
 
 def run_decoding(target, prompts: list[list[int]], max_new_tokens: int, drafter=None, temperature: float = 0.0,
@@ -132,29 +258,83 @@ def run_decoding(target, prompts: list[list[int]], max_new_tokens: int, drafter=
     from tqdm.auto import tqdm
     results = [generate(target, p, max_new_tokens, drafter, temperature, eos_token_id, window, seed + i)
                for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress))]
+    return results, run_stats(results, drafter is not None)
+
+
+def run_stats(results: list[GenResult], speculative: bool) -> dict:
+    """Acceptance (speculative runs), decode tokens, times, tokens/s and drafter share of one decoding run."""
     n_tok = sum(len(r.tokens) - 1 for r in results)  # decode tokens (the prefill token excluded)
     dec = sum(r.decode_time_s for r in results)
-    stats = acceptance_stats(results) if drafter is not None else {"tau": 1.0, "steps": sum(
+    stats = acceptance_stats(results) if speculative else {"tau": 1.0, "steps": sum(
         len(r.accept_lengths) for r in results)}
     stats.update({"decode_tokens": n_tok, "decode_time_s": dec, "tokens_per_s": n_tok / max(dec, 1e-9),
                   "draft_time_s": sum(r.draft_time_s for r in results),
                   "verify_time_s": sum(r.verify_time_s for r in results)})
     stats["drafter_share"] = stats["draft_time_s"] / max(dec, 1e-9)
-    return results, stats
+    return stats
+
+
+def _speedup_ci95(plain: list[GenResult], spec: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
+                  seed: int = BOOTSTRAP_SEED) -> list[float]:
+    """95% paired bootstrap interval over prompts of (decode tokens / decode time) spec over plain."""
+    import numpy as np
+    tok = lambda rs: np.array([len(r.tokens) - 1 for r in rs], dtype=np.float64)   # noqa: E731
+    sec = lambda rs: np.array([r.decode_time_s for r in rs], dtype=np.float64)     # noqa: E731
+    w = _resample_counts(len(plain), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = ((w @ tok(spec)) / (w @ sec(spec))) / ((w @ tok(plain)) / (w @ sec(plain)))
+    return _ci95(ratio)
+
+
+def results_to_json(results: list[GenResult]) -> list[dict]:
+    return [dataclasses.asdict(r) for r in results]
+
+
+def results_from_json(rows: list[dict]) -> list[GenResult]:
+    return [GenResult(**r) for r in rows]
 
 
 def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperature=0.0, eos_token_id=None,
-                       window=None, seed=0, progress=False) -> dict:
-    """Plain decoding then each drafter on the same prompts: tau, per-position, tokens/s, speedup, and (greedy)
-    the number of outputs that differ from plain decoding (must be 0)."""
-    plain, pstats = run_decoding(target, prompts, max_new_tokens, None, temperature, eos_token_id, None, seed,
-                                 progress, "plain")
+                       window=None, seed=0, progress=False, reuse: dict | None = None,
+                       results: dict | None = None) -> dict:
+    """Plain decoding then each drafter on the same prompts: tau (with its bootstrap interval over prompts),
+    per-position rates, tokens/s, speedup (with a paired bootstrap interval over prompts), the paired tau difference
+    to every other drafter (``paired_tau_diff``), and (greedy) the number of outputs that differ from plain decoding
+    (must be 0).
+
+    ``reuse`` maps "plain" and/or drafter names to results already decoded on exactly these prompts with these
+    settings (e.g. by an earlier stage): they are not decoded again, and their stats say ``"reused": true``.
+    ``results``, if given, receives every run's per-prompt results (for a later stage to reuse)."""
+    reuse = reuse or {}
+
+    def decode(name, d, win):
+        if name in reuse:
+            rs = reuse[name]
+            st = run_stats(rs, d is not None)
+            st["reused"] = True
+            return rs, st
+        return run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed, progress, name)
+    plain, pstats = decode("plain", None, None)
     out = {"plain": pstats}
+    runs = {}
+    if results is not None:
+        results["plain"] = plain
     for name, d in drafters.items():
-        res, st = run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, window, seed,
-                               progress, name)
+        res, st = decode(name, d, window)
+        if results is not None:
+            results[name] = res
         st["speedup"] = st["tokens_per_s"] / max(pstats["tokens_per_s"], 1e-9)
+        if prompts:
+            st["speedup_ci95"] = _speedup_ci95(plain, res)
         if temperature <= 0:
             st["mismatched_outputs"] = sum(a.tokens != b.tokens for a, b in zip(plain, res))
         out[name] = st
+        runs[name] = res
+    for name, res in runs.items():
+        if not out[name]["steps"]:
+            continue
+        keep = ("diff", "diff_ci95", "frac_a_above_b")
+        out[name]["paired_tau_diff"] = {
+            other: {k: v for k, v in paired_bootstrap(res, ores).items() if k in keep}
+            for other, ores in runs.items() if other != name and out[other]["steps"]}
     return out
