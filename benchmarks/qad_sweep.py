@@ -95,7 +95,7 @@ def main() -> int:
                                  "tokens": sum(r["tokens"] for r in log),
                                  "eval": {k: v for k, v in ev.items() if not k.startswith("row_")},
                                  "kl_ratio_vs_gptq": ci, "summary": summary,
-                                 "curve": [{k: r[k] for k in ("step", "kl", "codes_changed")} for r in log[::10]]}
+                                 "curve": [{k: r[k] for k in ("step", "kl", "codes_changed") if k in r} for r in log[::10]]}
         print(name, f"KL {ev['kl_to_teacher']:.4f} (gptq {ref['kl_to_teacher']:.4f}) ratio {ci['ratio']:.3f} "
               f"{ci['ratio_ci95']} best@{summary['best_step']} changed {summary['codes_changed_final']:.4f} "
               f"{train_s:.0f}s", flush=True)

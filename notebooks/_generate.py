@@ -45,7 +45,9 @@ plus a dense "twin" for the drafter stages.
 **Look at:** the KL curve over steps (does QAD move below its GPTQ starting point?), then the held-out table:
 KL to the teacher, top-1 agreement, perplexity and size of each model.""", [
         ("KL to the teacher per QAD step (training batches):",
-         "from qdflash.figures import qad_table, training_curves\n\ntraining_curves(res.out_dir);"),
+         "from qdflash.figures import qad_table, qad_training_plot, training_curves\n\ntraining_curves(res.out_dir);"),
+        ("Held-out selection KL every few steps (step 0 is the GPTQ start; the best step is kept) and the share of "
+         "INT4 codes that moved:", "qad_training_plot(res.out_dir);"),
         ("Held-out comparison against the FP teacher:", "qad_table(res.out_dir)"),
     ]),
     "02_drafter_pretrain": ("02_drafter_pretrain", """# 02 DFlash drafter pretraining

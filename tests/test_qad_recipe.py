@@ -27,7 +27,7 @@ def test_qad_run_changes_codes_and_beats_its_ptq_start(tiny_data):
     assert tr["best_select_kl"] < tr["select_curve"][0]["select_kl"]
     assert tr["codes_changed_final"] > 0
     assert max(tr["codes_changed_per_layer"].values()) > 0
-    assert m["curve"][-1]["codes_changed"] > 0
+    assert m["codes_curve"][-1]["codes_changed"] > 0 and m["codes_curve"][-1]["step"] == cfg.steps
     assert tr["lr_sum_over_median_half_step"] == pytest.approx(tr["lr_sum"] / tr["median_half_step"])
     e = m["eval"]
     assert e["qad"]["kl_to_teacher"] < e["gptq"]["kl_to_teacher"]   # held-out (never used for selection)

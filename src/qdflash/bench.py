@@ -181,10 +181,8 @@ def shapes_bench(ctx_len: int = 1024) -> dict:
     out = {}
     try:
         from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-        tcfg = Qwen3_5TextConfig(hidden_size=2560, intermediate_size=9216, num_hidden_layers=32,
-                                 num_attention_heads=16, num_key_value_heads=4, head_dim=256, vocab_size=248320,
-                                 tie_word_embeddings=True, linear_num_key_heads=16, linear_num_value_heads=32,
-                                 linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4)
+        from .models import QWEN35_4B
+        tcfg = Qwen3_5TextConfig(**{**QWEN35_4B, "max_position_embeddings": 32768})
         target = Qwen3_5ForCausalLM(tcfg).to(dev, dt).eval()
         name = "Qwen3.5-4B-shaped (GDN hybrid)"
     except Exception as e:  # pragma: no cover

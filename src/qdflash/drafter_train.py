@@ -150,7 +150,8 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
     mask_id = drafter.mask_token_id
     steps_per_epoch = max(1, len(rows) // cfg.batch_size)
     total = epochs * steps_per_epoch
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+                            fused=True)
     step, log = 0, []
     if ckpt.exists():
         try:

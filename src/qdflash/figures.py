@@ -153,6 +153,31 @@ def training_curves(run_dir):
     return fig
 
 
+def qad_training_plot(qad_dir):
+    """QAD against steps: held-out selection KL (step 0 = the PTQ start, the best step marked) and the fraction of
+    INT4 codes changed from the initial grid. A flat KL with no code changed is the null result made visible."""
+    import matplotlib.pyplot as plt
+    m = _m(qad_dir)
+    tr = m.get("qad_training") or {}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3))
+    sel = tr.get("select_curve") or []
+    if sel:
+        a.plot([r["step"] for r in sel], [r["select_kl"] for r in sel], marker="o", label="QAD (selection split)")
+        a.axhline(sel[0]["select_kl"], ls="--", c="gray", label="step 0 = PTQ start")
+        if tr.get("best_step") is not None:
+            a.axvline(tr["best_step"], ls=":", c="k", label=f"kept: step {tr['best_step']}")
+    a.set_xlabel("step")
+    a.set_ylabel("KL to the teacher")
+    a.legend(fontsize=7)
+    cur = m.get("codes_curve") or []
+    if cur:
+        b.plot([r["step"] for r in cur], [100 * r["codes_changed"] for r in cur])
+    b.set_xlabel("step")
+    b.set_ylabel("INT4 codes changed (%)")
+    fig.tight_layout()
+    return fig
+
+
 def qad_kl_plot(qad_dir):
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -221,6 +246,7 @@ def time_split_plot(dq_dir):
 
 # (stage, file name, figure function)
 FIGURES = [("01_qad", "fig-qad-kl", qad_kl_plot), ("01_qad", "fig-train-qad", training_curves),
+           ("01_qad", "fig-qad-steps", qad_training_plot),
            ("03_drafter_finetune", "fig-tau-speedup", tau_speedup_plot),
            ("03_drafter_finetune", "fig-train-drafters", training_curves),
            ("02_drafter_pretrain", "fig-train-pretrain", training_curves),

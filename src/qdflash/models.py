@@ -197,8 +197,8 @@ def resolve_target(spec: str) -> str:
             raise FileNotFoundError(f"{spec} exists but holds no config.json: not a model directory")
         return spec
     if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise FileNotFoundError(f"model {spec!r} is neither a preset (tiny, smol, qwen35-mini) nor a local directory, and "
-                                "HF_HUB_OFFLINE=1 forbids downloading it")
+        raise FileNotFoundError(f"model {spec!r} is neither a preset ({', '.join(OFFLINE_TARGETS)}) nor a local "
+                                "directory, and HF_HUB_OFFLINE=1 forbids downloading it")
     return spec
 
 
