@@ -36,11 +36,65 @@ def _ci(st: dict, key: str = "tau_ci95") -> str:
 
 # ----------------------------------------------------------------------------------------------- tables
 def qad_table(qad_dir) -> pd.DataFrame:
-    ev = _m(qad_dir)["eval"]
+    m = _m(qad_dir)
+    ev, ci = m["eval"], m.get("qad_vs_gptq_kl") or {}
     rows = [{"model": {"teacher": "FP32 teacher", "rtn": "RTN W4A16", "gptq": "GPTQ W4A16",
                        "qad": "QAD W4A16"}[k], "KL to teacher": v["kl_to_teacher"], "top-1 agreement": v["top1_agreement"],
-             "PPL (assistant)": v["ppl_assistant"], "size MB": v["file_mb"]} for k, v in ev.items()]
+             "PPL (assistant)": v["ppl_assistant"], "size MB": v["file_mb"],
+             "KL / GPTQ (95% CI, conversations)": (f"{ci['ratio']:.3f} ({_ci(ci, 'ratio_ci95')})"
+                                                   if k == "qad" and ci else "")} for k, v in ev.items()]
     return pd.DataFrame(rows).set_index("model")
+
+
+def qad_sweep_table(paths) -> pd.DataFrame:
+    """QAD recipes of ``benchmarks/qad_sweep.py`` runs: held-out KL vs the same GPTQ start, with the paired
+    bootstrap interval over conversations, codes changed and the kept step."""
+    rows = []
+    for path in paths:
+        r = read_json(path)
+        for name, v in r["variants"].items():
+            ov = {k: x for k, x in v["overrides"].items() if k != "train_params"}
+            rows.append({"params": v["overrides"]["train_params"],
+                         "recipe": ", ".join(f"{k}={x}" for k, x in {**r.get("common", {}), **ov}.items()),
+                         "tokens": v["tokens"], "KL": v["eval"]["kl_to_teacher"],
+                         "GPTQ KL": r["gptq"]["kl_to_teacher"],
+                         "KL / GPTQ (95% CI)": f"{v['kl_ratio_vs_gptq']['ratio']:.3f} "
+                                               f"({_ci(v['kl_ratio_vs_gptq'], 'ratio_ci95')})",
+                         "codes changed %": 100 * v["summary"]["codes_changed_final"],
+                         "kept step": v["summary"]["best_step"], "device": r["device"].split(":")[0]})
+    return pd.DataFrame(rows).set_index(["params", "recipe"])
+
+
+def cpu_speed_table(path) -> pd.DataFrame:
+    """Old vs new CPU paths of ``benchmarks/cpu_stages.py`` (one run, same machine)."""
+    r = read_json(path)
+    rows = []
+    names = {"regeneration": ("HF generate fp32, batch 32", "vLLM bf16 batched", "tokens/s"),
+             "features": ("fp32 target", "bf16 target", "tokens/s"),
+             "drafter_step": ("fp32, target gets gradients", "bf16 autocast, frozen target", "steps/s"),
+             "qad_step": ("fp32 teacher + student", "bf16 teacher, bf16 autocast student", "steps/s"),
+             "eval_generation": ("HF generate fp32", "HF generate bf16", "tokens/s")}
+    for unit, (old_n, new_n, what) in names.items():
+        if unit not in r:
+            continue
+        u = r[unit]
+        vals = [v for k, v in u.items() if isinstance(v, dict)]
+        old, new = (u["old_hf_fp32_batch32"], u["new_vllm_bf16"]) if unit == "regeneration" else (
+            (u["float32"], u["bfloat16"]) if "float32" in u else (vals[0], vals[1]) if "old_fp32" not in u else
+            (u["old_fp32"], next(v for k, v in u.items() if k.startswith("new"))))
+        rate = (lambda d: d.get("tokens_per_s") if what == "tokens/s" else 1 / d["step_s"])
+        rows.append({"unit": unit, "old path": old_n, "new path": new_n, "measure": what,
+                     "old": rate(old), "new": rate(new), "new / old": u["ratio"]})
+    return pd.DataFrame(rows).set_index("unit")
+
+
+def stage_times_table(root) -> pd.DataFrame:
+    """Wall time of every finished stage (its metrics.json ``wall_time_s``) and the total."""
+    rows = [{"stage": d.name, "wall time s": _m(d)["wall_time_s"]} for d in sorted(Path(root).iterdir())
+            if (d / "metrics.json").exists() and "wall_time_s" in _m(d)]
+    if rows:
+        rows.append({"stage": "total", "wall time s": sum(r["wall time s"] for r in rows)})
+    return pd.DataFrame(rows).set_index("stage") if rows else pd.DataFrame()
 
 
 def decoding_table(ft_dir) -> pd.DataFrame:

@@ -72,7 +72,25 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
             f"edit the code in src/qdflash/figures.py, not this block -->\n"
             f"*Preset `{preset}`, generated from `{rel}/` (stages {', '.join(s[:2] for s in finished_stages(root))}"
             f") by `make figures`; the same tables as `figures/{preset}/tables.md`.*\n\n")
-    return head + tables_markdown(root, level=4)
+    return head + tables_markdown(root, level=4) + extra_tables(preset, root)
+
+
+def extra_tables(preset: str, root: Path) -> str:
+    """Wall time per stage of the run, and for smol the saved benchmark outputs (CPU paths, QAD recipe sweep)."""
+    from .figures import cpu_speed_table, qad_sweep_table, stage_times_table, table_markdown
+    out = ""
+    st = stage_times_table(root)
+    if len(st):
+        out += "\n" + table_markdown(st, "Wall time per stage (each stage's `metrics.json`)", 4)
+    bench = REPO_ROOT / "benchmarks"
+    if preset == "smol" and (bench / "cpu_stages.json").exists():
+        out += "\n" + table_markdown(cpu_speed_table(bench / "cpu_stages.json"),
+                                     "CPU units, old path vs new path (`benchmarks/cpu_stages.py`, one run)", 4)
+    sweeps = sorted((bench / "qad-sweep-h200").glob("*.json")) if preset == "smol" else []
+    if sweeps:
+        out += "\n" + table_markdown(qad_sweep_table(sweeps), "QAD recipes on the smol data "
+                                     "(`benchmarks/qad_sweep.py`, one H200; the same GPTQ start and held-out set)", 4)
+    return out
 
 
 def read_block(readme: str | Path = README) -> tuple[str, str]:
