@@ -119,3 +119,37 @@ def test_vllm_and_hf_backends_agree_greedy_fp32(tmp_path):
     again, info2 = regenerate_vllm(resolve_target("tiny"), tok, items, cfg, tmp_path / "vllm.jsonl")
     assert info2["resumed"] == len(items) and "generate_s" not in info2
     assert [r["gen_ids"] for r in again] == [r["gen_ids"] for r in vl]
+
+
+def test_drafter_training_resumed_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
+    """Kill training mid-epoch (after a mid-epoch checkpoint), resume: same weights as one uninterrupted run."""
+    import qdflash.drafter_train as DT
+    tok = load_tokenizer("tiny")
+    target = load_model("tiny", "float32")
+    cfg = load_config(DrafterConfig, "tiny", epochs=2, batch_size=2, save_every=2)
+    rows = _rows(10, seed=3)                     # 5 steps per epoch: checkpoints at steps 2, 4 (mid-epoch), 5, ...
+    feats = precompute_features(target, rows, cfg.target_layer_ids, cfg.max_len)
+
+    def fresh():
+        return new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_token_id(tok), seed=1)
+    a = fresh()
+    train_drafter(a, target, rows, feats, cfg, 2, tmp_path / "a.pt", tmp_path / "a.jsonl", "a", progress=False)
+    b = fresh()
+    real, calls = DT.make_batch, {"n": 0}
+
+    def dying(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 8:                      # epoch 1, step 3 of 5: the last checkpoint is step 6 (mid-epoch)
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+    monkeypatch.setattr(DT, "make_batch", dying)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(b, target, rows, feats, cfg, 2, tmp_path / "b.pt", tmp_path / "b.jsonl", "b", progress=False)
+    monkeypatch.setattr(DT, "make_batch", real)
+    st = torch.load(tmp_path / "b.pt", weights_only=False)
+    assert st["step"] == 6 and st["step"] % 5 != 0            # really a mid-epoch resume point
+    b2 = fresh()
+    log = train_drafter(b2, target, rows, feats, cfg, 2, tmp_path / "b.pt", tmp_path / "b.jsonl", "b", progress=False)
+    assert len(log) == 10
+    for (n, p), q in zip(a.named_parameters(), b2.parameters()):
+        assert torch.equal(p, q), n

@@ -105,6 +105,7 @@ class DrafterConfig:
     seed: int = 0
     dtype: str = "float32"          # training compute: "bfloat16" = autocast over fp32 master weights; target features
     decode_dtype: str = "float32"   # the reference decoder's target and drafter (fp32: the lossless check needs it)
+    save_every: int = 100           # resumable checkpoint every N steps (and at each epoch end)
 
 
 @dataclass(frozen=True)

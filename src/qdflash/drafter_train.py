@@ -141,7 +141,9 @@ def _lr(step, total, warmup_frac, base):
 
 def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cfg: DrafterConfig, epochs: int,
                   ckpt: Path, log_path: Path, tag: str, progress=True) -> list[dict]:
-    """Train in place; resumable from ``ckpt`` (drafter + optimizer + step + log)."""
+    """Train in place; resumable from ``ckpt`` (drafter, optimizer, step, log and the epoch's sampling generator
+    state), written every ``cfg.save_every`` steps and at each epoch end: a run killed mid-epoch and resumed
+    draws the same batches and anchors as an uninterrupted one."""
     from tqdm.auto import tqdm
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     target.requires_grad_(False)                 # frozen: its embedding / lm_head never accumulate gradients
@@ -152,7 +154,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
     total = epochs * steps_per_epoch
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
                             fused=True)
-    step, log = 0, []
+    step, log, gen_state = 0, [], None
     if ckpt.exists():
         try:
             st = torch.load(ckpt, map_location="cpu", weights_only=False)
@@ -160,15 +162,24 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
             raise ValueError(f"drafter checkpoint {ckpt} is corrupt; delete it to restart: {e}") from e
         drafter.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
-        step, log = st["step"], st["log"]
+        step, log, gen_state = st["step"], st["log"], st.get("gen_state")
+
+    def save(gen):
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
+                    "gen_state": gen.get_state()}, tmp)
+        tmp.replace(ckpt)
+        atomic_write_text(log_path, "".join(json.dumps(r) + "\n" for r in log))
+
     drafter.train()
     bar = tqdm(total=total, initial=step, desc=tag, disable=not progress)
     while step < total:
         epoch, within = divmod(step, steps_per_epoch)
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)       # anchors + order fresh per epoch
         order = torch.randperm(len(rows), generator=gen).tolist()
-        for _ in range(within):  # replay the epoch's anchor draws up to the resume point
-            make_batch(rows, feats, order[:1], cfg, mask_id, gen, gamma)
+        if within and gen_state is not None:     # mid-epoch resume: continue the epoch's draws where they stopped
+            gen.set_state(gen_state)
+        gen_state = None
         for s in range(within, steps_per_epoch):
             idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
             t0 = time.time()
@@ -187,10 +198,9 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
                         **info})
             bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", acc=f"{info['acc']:.2f}")
             bar.update(1)
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}, tmp)
-        tmp.replace(ckpt)
-        atomic_write_text(log_path, "".join(json.dumps(r) + "\n" for r in log))
+            if step % cfg.save_every == 0 and s + 1 < steps_per_epoch:
+                save(gen)
+        save(gen)
     bar.close()
     drafter.eval()
     return log
