@@ -25,7 +25,7 @@ from qdflash.data import load_split
 from qdflash.models import load_model, load_tokenizer, resolve_target
 from qdflash.qad import bootstrap_ratio_diff, compare_models_to_teacher, train_qad
 from qdflash.quant import load_fake_quant_model, run_ptq
-from qdflash.runio import git_sha, write_json
+from qdflash.runio import git_sha, torch_dtype, write_json
 
 
 def parse_variant(v: str) -> tuple[str, dict]:
@@ -70,7 +70,8 @@ def main() -> int:
     out = {"command": " ".join(sys.argv), "git_sha": git_sha(), "device": str(teacher.device),
            "data": {"fit": len(fit), "select": len(select), "val": len(val)}, "ptq_s": round(time.time() - t, 1),
            "common": common, "variants": {}}
-    gptq_model = load_fake_quant_model(gptq, base, torch.float32)[0].to(teacher.device).eval()
+    gptq_model = load_fake_quant_model(gptq, base, torch.float32,
+                                       scale_dtype=torch_dtype(base_cfg.scale_dtype))[0].to(teacher.device).eval()
     with torch.autocast(teacher.device.type, dtype=torch.bfloat16, enabled=base_cfg.dtype == "bfloat16"):
         ref = compare_models_to_teacher({"gptq": gptq_model}, teacher, val, base_cfg.seq_len, pad, per_row=True)["gptq"]
     del gptq_model
@@ -79,7 +80,8 @@ def main() -> int:
     for name, ov in map(parse_variant, a.variants):
         cfg = load_config(QADConfig, a.preset, **{**common, **ov})
         student = load_fake_quant_model(gptq, base, torch.float32, cfg.latent_init, cfg.seed,
-                                        learn_scale="scale" in cfg.train_params)[0].to(teacher.device)
+                                        learn_scale="scale" in cfg.train_params,
+                                        scale_dtype=torch_dtype(cfg.scale_dtype))[0].to(teacher.device)
         d = work / name.replace(":", "_").replace(",", "_").replace("=", "")
         d.mkdir(parents=True, exist_ok=True)
         for f in d.glob("*.pt"):

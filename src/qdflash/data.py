@@ -133,7 +133,7 @@ def parse_mix(source: str) -> dict[str, float]:
             parts[name] = float(w)
         except ValueError:
             raise ValueError(f"weight of {name!r} in {source!r} is not a number") from None
-    if not parts or any(w < 0 for w in parts.values()) or sum(parts.values()) <= 0:
+    if not parts or any(w <= 0 for w in parts.values()):
         raise ValueError(f"{source!r}: give positive weights, e.g. mix:sharegpt=0.6,chitchat=0.2,gsm=0.2")
     tot = sum(parts.values())
     return {k: v / tot for k, v in parts.items()}
@@ -280,8 +280,11 @@ def generate_batch(model, tok, batch_ids: list[list[int]], cfg: DataConfig, seed
 
 def _resume(items: list[dict], partial: Path) -> tuple[dict, list[dict]]:
     """Finished generations from ``partial`` (a half-written last line is dropped) and the items still to do."""
+    want = {it["id"]: it["prompt_ids"] for it in items}
     done = {r["id"]: r for r in read_jsonl(partial)} if partial.exists() else {}
-    if partial.exists():  # drop a half-written last line left by a killed run before appending
+    # keep a finished generation only for the very same prompt (an id of another config may name another prompt)
+    done = {k: r for k, r in done.items() if want.get(k) == r["prompt_ids"]}
+    if partial.exists():  # drop a half-written last line (and foreign records) before appending
         write_jsonl(partial, done.values())
     return done, [it for it in items if it["id"] not in done]
 

@@ -313,5 +313,8 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
                          "disk_bytes": sizes, "params": params, "bf16_bytes": params * 2,
                          "swa_window": cfg.swa_window, "eval_prompts": len(prompts),
                          "prompt_len_mean": sum(ctx_lens) / max(1, len(ctx_lens)),
-                         "eval_new_tokens": cfg.eval_new_tokens, "timings": timings, "gptq": gptq}, t0)
+                         "eval_new_tokens": cfg.eval_new_tokens, "timings": timings,
+                         # rows taken from stage 03's decodes: their tokens/s were timed in stage 03's process, so
+                         # speedups of this stage's fresh rows against them compare two runs on the same machine
+                         "reused_from_03": sorted(reuse), "gptq": gptq}, t0)
     return DrafterQuantResult(out, {"w4a16": out / n4, "w8a16": out / n8}, m)

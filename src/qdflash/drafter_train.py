@@ -22,7 +22,7 @@ from .config import DrafterConfig, default_gamma
 from .data import load_split
 from .drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter, target_features
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
-from .runio import atomic_write_text, finish_run, read_json, start_run, thin, write_json
+from .runio import atomic_write_text, finish_run, read_json, start_run, thin, torch_dtype, write_json
 
 
 @dataclass
@@ -279,11 +279,12 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     # evaluation grid
     prompts = eval_prompts(data_dir, cfg.eval_prompts)
     dev = qad_target.device
-    drafters = {"pretrain": load_drafter(pre_path).to(dev), "two_stage": load_drafter(ft_path).to(dev),
-                "direct": load_drafter(dr_path).to(dev),
+    ddt = torch_dtype(cfg.decode_dtype)          # every drafter decodes in the decode dtype, like the target
+    drafters = {"pretrain": load_drafter(pre_path, ddt).to(dev), "two_stage": load_drafter(ft_path, ddt).to(dev),
+                "direct": load_drafter(dr_path, ddt).to(dev),
                 "random": new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
                                       mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size,
-                                      cfg.seed + 1).to(dev).eval()}
+                                      cfg.seed + 1).to(dev, ddt).eval()}
     grid = {}
     for tname, tspec in (("fp", resolve_target(fp_spec)), ("qad", str(Path(qad_dir) / qm["names"]["qad"]))):
         tgt = load_model(tspec, cfg.decode_dtype)

@@ -14,6 +14,7 @@ memory-maps the shards: a 50K-conversation cache need not fit in RAM.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -58,7 +59,7 @@ def rows_sha256(rows: list[dict], max_len: int) -> str:
 
 def feature_key(target_dir: str | Path, layer_ids, rows: list[dict], max_len: int, dtype: str) -> str:
     spec = {"v": VERSION, "target": weights_sha256(target_dir), "layers": [int(i) for i in layer_ids],
-            "rows": rows_sha256(rows, max_len), "max_len": int(max_len), "dtype": dtype}
+            "rows": rows_sha256(rows, max_len), "max_len": int(max_len), "dtype": dtype, "shard_rows": SHARD_ROWS}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -82,8 +83,10 @@ class FeatureStore:
     def __getitem__(self, i: int) -> torch.Tensor:
         if not 0 <= i < self.n:
             raise IndexError(i)
-        s = min(i // SHARD_ROWS, len(self._shards) - 1)
+        s = bisect.bisect_right([sh[0] for sh in self._shards], i) - 1
         first, offs, f = self._shards[s]
+        if not 0 <= i - first < len(offs) - 1:
+            raise IndexError(f"row {i} is not in shard {s} of {self.path} (rows {first}..{first + len(offs) - 2})")
         if s not in self._maps:
             self._maps[s] = np.memmap(f, dtype=np.int16, mode="r").reshape(-1, self.dim)
         a, b = offs[i - first], offs[i - first + 1]
@@ -134,6 +137,10 @@ def cached_features(target, target_dir: str | Path, rows: list[dict], layer_ids,
     for s in range(n_shards):
         lo, hi = s * SHARD_ROWS, min(len(rows), (s + 1) * SHARD_ROWS)
         meta_name = f"shard-{s:05d}.json"
+        if (root / meta_name).exists():          # a shard of a killed run: keep it only if it is this row range
+            meta = read_json(root / meta_name)
+            if meta["first_row"] != lo or len(meta["offsets"]) != hi - lo + 1:
+                (root / meta_name).unlink()
         if not (root / meta_name).exists():
             feats = compute_features(target, rows[lo:hi], layer_ids, max_len, bs)
             flat = torch.cat(feats).to(torch.bfloat16).contiguous()

@@ -38,7 +38,7 @@ def _ci(st: dict, key: str = "tau_ci95") -> str:
 def qad_table(qad_dir) -> pd.DataFrame:
     m = _m(qad_dir)
     ev, ci = m["eval"], m.get("qad_vs_gptq_kl") or {}
-    rows = [{"model": {"teacher": "FP32 teacher", "rtn": "RTN W4A16", "gptq": "GPTQ W4A16",
+    rows = [{"model": {"teacher": "FP teacher", "rtn": "RTN W4A16", "gptq": "GPTQ W4A16",
                        "qad": "QAD W4A16"}[k], "KL to teacher": v["kl_to_teacher"], "top-1 agreement": v["top1_agreement"],
              "PPL (assistant)": v["ppl_assistant"], "size MB": v["file_mb"],
              "KL / GPTQ (95% CI, conversations)": (f"{ci['ratio']:.3f} ({_ci(ci, 'ratio_ci95')})"
@@ -156,7 +156,7 @@ def gate_table(eval_dir) -> pd.DataFrame:
 
 
 # (stage, file name, title, table function); ``stage_tables`` yields those whose stage finished
-TABLES = [("01_qad", "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP32 teacher)", qad_table),
+TABLES = [("01_qad", "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP teacher, in the preset's dtype)", qad_table),
           ("03_drafter_finetune", "table-drafters", "Drafters x targets (reference decoder, greedy)", decoding_table),
           ("04_drafter_quant", "table-drafter-quant", "Drafter precision x SWA (QAD W4A16 target, greedy)",
            drafter_quant_table),
@@ -237,7 +237,7 @@ def qad_kl_plot(qad_dir):
     import seaborn as sns
     df = qad_table(qad_dir)
     fig, ax = plt.subplots(figsize=(4.5, 3))
-    sns.barplot(data=df.drop(index="FP32 teacher").reset_index(), x="model", y="KL to teacher", ax=ax)
+    sns.barplot(data=df.drop(index="FP teacher").reset_index(), x="model", y="KL to teacher", ax=ax)
     fig.tight_layout()
     return fig
 

@@ -209,11 +209,14 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
             st = torch.load(state_file, map_location="cpu", weights_only=False)
         except Exception as e:
             raise ValueError(f"QAD checkpoint {state_file} is corrupt; delete it to restart: {e}") from e
+        if [tuple(v.shape) for v in st["params"]] != [tuple(p.shape) for p in params]:
+            raise ValueError(f"QAD checkpoint {state_file} holds other trainable tensors (train_params changed?); "
+                             "delete it to restart")
         with torch.no_grad():
             for p, v in zip(params, st["params"]):
                 p.copy_(v)
         opt.load_state_dict(st["opt"])
-        step, log, evals, best = st["step"], st["log"], st["evals"], st["best"]
+        step, log, evals, best = st["step"], st["log"], st.get("evals", []), st.get("best")
         torch.set_rng_state(st["rng"])
 
     def select_kl() -> float:
@@ -231,9 +234,11 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
         student.eval()
         keep_if_best(select_kl())          # step 0: the PTQ start (the paper's step-0 gate)
     student.train()
-    epoch = step * cfg.batch_size // max(1, len(rows))
+    if len(rows) < cfg.batch_size:
+        raise ValueError(f"QAD has {len(rows)} training conversations for batch_size {cfg.batch_size}: "
+                         "lower batch_size or select_seqs, or regenerate more data")
+    epoch, skip = divmod(step, len(rows) // cfg.batch_size)     # make_batches drops the last partial batch
     batches = make_batches(rows, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, epoch)
-    skip = step - epoch * (len(rows) // cfg.batch_size)
     for _ in range(max(0, skip)):
         next(batches, None)
     bar = tqdm(total=cfg.steps, initial=step, desc="QAD", disable=not progress)
