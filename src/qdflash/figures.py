@@ -129,7 +129,8 @@ def serving_table(serve_dir) -> pd.DataFrame:
     m = _m(serve_dir)
     rows = []
     for k, r in m["offline"].items():
-        row = {"config": k, "tau (vLLM)": r.get("tau"), "tau (reference)": m["reference_tau"].get(k),
+        row = {"config": k, "tau (vLLM)": r.get("tau"), "tau 95% CI (prompts)": _ci(r),
+               "tau (reference)": m["reference_tau"].get(k),
                "output tok/s": r.get("output_tokens_per_s"), "speedup": r.get("speedup_vs_plain"),
                "greedy mismatches": r.get("greedy_mismatches_vs_plain"), "error": (r.get("error") or "")[:80]}
         rows.append(row)

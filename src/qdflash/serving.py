@@ -80,6 +80,28 @@ def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, tim
     return json.loads(of.read_text())
 
 
+def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
+    """95% bootstrap intervals over prompts of vLLM's tau (bonus counted) and per-position acceptance, from the
+    per-prompt deltas of its spec-decode counters (``vllm_worker`` decodes one prompt per call)."""
+    import numpy as np
+
+    from .speculative import _ci95, _resample_counts
+    rows = [p for p in per_prompt if p["drafts"]]
+    if not rows:
+        return {}
+    d = np.array([p["drafts"] for p in rows], dtype=np.float64)
+    a = np.array([p["accepted"] for p in rows], dtype=np.float64)
+    k = max(len(p["accepted_per_pos"]) for p in rows)
+    pp = np.array([list(p["accepted_per_pos"]) + [0] * (k - len(p["accepted_per_pos"])) for p in rows],
+                  dtype=np.float64).reshape(len(rows), k)
+    w = _resample_counts(len(rows), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tau_r = 1 + (w @ a) / (w @ d)
+        pos_r = (w @ pp) / (w @ d)[:, None]
+    return {"tau_ci95": _ci95(tau_r), "per_position_ci95": [_ci95(pos_r[:, i]) for i in range(k)],
+            "prompts_with_drafts": len(rows)}
+
+
 # ----------------------------------------------------------------------------------------------- server
 def _free_port() -> int:
     with socket.socket() as s:
@@ -240,6 +262,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
         row = {"output_tokens_per_s": r["output_tokens_per_s"], "init_s": r["init_s"],
                "output_tokens": r["output_tokens"]}
         if "tau" in r:
+            row.update(vllm_acceptance_ci(r.get("per_prompt") or []))
             row.update({"tau": r["tau"], "per_position": r["per_position"],
                         "drafts": r["counters"].get("vllm:spec_decode_num_drafts"),
                         "speedup_vs_plain": r["output_tokens_per_s"] / plain["output_tokens_per_s"],

@@ -31,15 +31,24 @@ def run(job: dict) -> dict:
     sp = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=False)
     prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4))            # warm-up
-    before = _counters(llm)
-    t0 = time.time()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    gen_s = time.time() - t0
-    after = _counters(llm)
-    c = {k: _sub(after.get(k), before.get(k)) for k in after}
+    # one prompt per call (the engine runs batch 1 anyway): the counters' deltas per prompt give the acceptance of
+    # each prompt, so intervals can be taken over prompts rather than over correlated draft steps
+    before = start = _counters(llm)
+    outs, per_prompt, gen_s = [], [], 0.0
+    for p in prompts:
+        t0 = time.time()
+        outs += llm.generate([p], sp, use_tqdm=False)
+        gen_s += time.time() - t0
+        now = _counters(llm)
+        d = {k: _sub(now.get(k), before.get(k)) for k in now}
+        per_prompt.append({"drafts": d.get("vllm:spec_decode_num_drafts") or 0,
+                           "accepted": d.get("vllm:spec_decode_num_accepted_tokens") or 0,
+                           "accepted_per_pos": d.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []})
+        before = now
+    c = {k: _sub(before.get(k), start.get(k)) for k in before}
     toks = [list(o.outputs[0].token_ids) for o in outs]
     res = {"init_s": init_s, "generate_s": gen_s, "tokens": toks, "output_tokens": sum(len(t) for t in toks),
-           "output_tokens_per_s": sum(len(t) for t in toks) / gen_s, "counters": c}
+           "output_tokens_per_s": sum(len(t) for t in toks) / gen_s, "counters": c, "per_prompt": per_prompt}
     drafts = c.get("vllm:spec_decode_num_drafts") or 0
     if spec and drafts:
         acc = c.get("vllm:spec_decode_num_accepted_tokens") or 0
