@@ -18,10 +18,8 @@ machine affects both. Ratios are new/old speed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +44,16 @@ def med(fn, reps: int) -> float:
         fn()
         ts.append(time.perf_counter() - t)
     return statistics.median(ts)
+
+
+def interleaved(setups: dict, reps: int) -> dict[str, float]:
+    """Median seconds of each callable, old and new alternating within every repetition (a transient load on the
+    shared machine then falls on both)."""
+    times = {k: [] for k in setups}
+    for _ in range(reps):
+        for k, fn in setups.items():
+            times[k].append(med(fn, 1))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def regeneration(rows, tok, n_prompts: int, new_tokens: int) -> dict:
@@ -119,13 +127,9 @@ def drafter_step(rows, tok, reps: int) -> dict:
             opt.step()
         step()
         setups[name] = step
-    times = {k: [] for k in setups}
-    for _ in range(reps):
-        for k, fn in setups.items():
-            times[k].append(med(fn, 1))
     n_tok = sum(len(rows[i]["input_ids"][: cfg.max_len]) for i in idx)
-    for k in setups:
-        res[k] = {"step_s": statistics.median(times[k]), "sequence_tokens_per_s": n_tok / statistics.median(times[k])}
+    for k, t in interleaved(setups, reps).items():
+        res[k] = {"step_s": t, "sequence_tokens_per_s": n_tok / t}
     res["ratio"] = res["old_fp32"]["step_s"] / res["new_bf16_autocast_frozen_target"]["step_s"]
     return res
 
@@ -153,12 +157,8 @@ def qad_step(rows, tok, reps: int) -> dict:
             opt.step()
         step()
         setups[name] = step
-    times = {k: [] for k in setups}
-    for _ in range(reps):
-        for k, fn in setups.items():
-            times[k].append(med(fn, 1))
-    res = {k: {"step_s": statistics.median(v), "tokens_per_s": n_tok / statistics.median(v), "batch_tokens": n_tok}
-           for k, v in times.items()}
+    res = {k: {"step_s": t, "tokens_per_s": n_tok / t, "batch_tokens": n_tok}
+           for k, t in interleaved(setups, reps).items()}
     res["ratio"] = res["old_fp32"]["step_s"] / res["new_bf16"]["step_s"]
     return res
 

@@ -43,3 +43,14 @@ def tiny_pipeline(tmp_path_factory):
 def tiny_target():
     from qdflash.models import load_model, load_tokenizer
     return load_model("tiny", "float64"), load_tokenizer("tiny")
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: the tiny model's forwards take ~1 ms, and on a shared 2-core machine two threads spin
+    far longer than that (used by the modules that run many tiny forwards)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -2,21 +2,15 @@ import torch
 import pytest
 
 from qdflash.data import prompt_ids
-from qdflash.drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter
+from qdflash.drafter import load_drafter, new_drafter, save_drafter
 from qdflash.drafter_train import block_mask, make_batch, sample_anchors
 from qdflash.config import DrafterConfig, load_config
-from qdflash.speculative import acceptance_stats, compare_with_plain, generate
+from qdflash.speculative import acceptance_stats, generate
 
 PROMPTS = ["tell me about the moon", "why is the sky blue", "write a song about cats and dogs", "hello"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model's forwards take ~1 ms; on a shared 2-core machine two intra-op threads spin far longer."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _prompts(tok):

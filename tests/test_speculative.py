@@ -9,13 +9,7 @@ from qdflash.data import prompt_ids
 from qdflash.speculative import GenResult, acceptance_stats, generate, paired_bootstrap
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model's forwards are ~1 ms; on a shared 2-core machine two intra-op threads spin far longer."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _res(lens, B=4):

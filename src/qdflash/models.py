@@ -59,6 +59,24 @@ def synthetic_sentences(n: int, seed: int = 0) -> list[str]:
             for _ in range(n)]
 
 
+def _save_random_model(model, tok, path: Path) -> None:
+    """Initialise a random test target and save it with its tokenizer atomically (tmp dir, then rename).
+
+    A larger init than the default 0.02 makes the random target's next-token distribution peaked enough that
+    greedy decoding is not tie-dominated (the tests compare token streams)."""
+    import torch
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    tmp = path.with_name(path.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.replace(tmp, path)
+
+
 def _build_tiny(path: Path) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -79,19 +97,7 @@ def _build_tiny(path: Path) -> None:
                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
                       tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                       bos_token_id=None, rope_theta=10000.0)
-    model = Qwen3ForCausalLM(cfg)
-    # a larger init than the default 0.02 makes the random target's next-token distribution peaked enough that
-    # greedy decoding is not tie-dominated (the tests compare token streams)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.08)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    tmp = path.with_name(path.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, path)
+    _save_random_model(Qwen3ForCausalLM(cfg), tok, path)
 
 
 def _build_smol(path: Path) -> None:
@@ -165,18 +171,7 @@ def _build_qwen35_mini(path: Path) -> None:
         max_position_embeddings=2048, tie_word_embeddings=True, full_attention_interval=4,
         rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    model = Qwen3_5ForCausalLM(cfg)
-    # as for tiny: a larger init than 0.02 keeps greedy decoding of the random model away from near-ties
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.08)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    tmp = path.with_name(path.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, path)
+    _save_random_model(Qwen3_5ForCausalLM(cfg), tok, path)
 
 
 # offline target specs: (directory under the cache, builder)
