@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import distributed
 from .config import DrafterConfig, default_gamma
-from .data import load_split
+from .data import load_split, regenerate_rows
 from .drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter, target_features
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
-from .runio import atomic_write_text, finish_run, read_json, start_run, thin, torch_dtype, write_json
+from .runio import atomic_write_text, finish_run, read_json, read_jsonl, start_run, thin, torch_dtype, write_json
 
 
 @dataclass
@@ -41,10 +42,13 @@ def precompute_features(target, rows: list[dict], layer_ids, max_len: int, bs: i
 
 
 def stage_features(target, target_dir: str, rows: list[dict], cfg: DrafterConfig, progress: bool):
-    """The drafter's context features for ``rows`` from the shared on-disk cache (computed on first use)."""
-    from .features import cached_features
-    return cached_features(target, target_dir, rows, cfg.target_layer_ids, cfg.max_len, cfg.dtype,
-                           progress=progress)
+    """The drafter's context features for ``rows`` from the shared on-disk cache (computed on first use), or computed
+    per batch when ``cfg.feature_cache`` is off."""
+    from .features import OnlineFeatures, cached_features
+    if not cfg.feature_cache:
+        return OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len)
+    return distributed.main_first(lambda: cached_features(target, target_dir, rows, cfg.target_layer_ids, cfg.max_len,
+                                                          cfg.dtype, progress=progress))
 
 
 # ----------------------------------------------------------------------------------------------- batches
@@ -69,21 +73,30 @@ def block_mask(anchors: torch.Tensor, ctx_len: torch.Tensor, S: int, B: int) -> 
     return torch.cat([ctx, own[None].expand(b, -1, -1)], -1)[:, None]
 
 
-def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Generator, gamma: float):
+def draw_anchors(rows, idx, cfg: DrafterConfig, gen: torch.Generator) -> list[list[int]]:
+    """The anchors ``make_batch`` draws for rows ``idx``, in its order."""
+    return [sample_anchors(rows[i]["loss_mask"][: cfg.max_len], cfg.num_anchors, gen) for i in idx]
+
+
+def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Generator, gamma: float,
+               drawn: list[list[int]] | None = None):
+    """One training batch of rows ``idx``; its anchors are drawn from ``gen``, or given (``drawn``, from
+    ``draw_anchors``)."""
     B, N = cfg.block_size, cfg.num_anchors
     seqs = [rows[i]["input_ids"][: cfg.max_len] for i in idx]
     lms = [rows[i]["loss_mask"][: cfg.max_len] for i in idx]
     S = max(len(s) for s in seqs)
     b = len(idx)
     ids = torch.zeros((b, S), dtype=torch.long)
-    ctx = torch.zeros((b, S, feats[idx[0]].shape[-1]), dtype=feats[idx[0]].dtype)
+    f0 = feats[idx[0]]
+    ctx = torch.zeros((b, S, f0.shape[-1]), dtype=f0.dtype, device=f0.device)
     anchors = torch.zeros((b, N), dtype=torch.long)
     keep = torch.zeros((b, N))
     lens = torch.tensor([len(s) for s in seqs])
     for r, (s, lm, i) in enumerate(zip(seqs, lms, idx)):
         ids[r, : len(s)] = torch.tensor(s)
         ctx[r, : len(s)] = feats[i][: len(s)]
-        a = sample_anchors(lm, N, gen)
+        a = sample_anchors(lm, N, gen) if drawn is None else drawn[r]
         anchors[r, : len(a)] = torch.tensor(a, dtype=torch.long)
         keep[r, : len(a)] = 1
     k = torch.arange(B)
@@ -106,10 +119,11 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
 
 
 def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
-                 compute_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, dict]:
+                 compute_dtype: torch.dtype | None = None, denom: float | None = None) -> tuple[torch.Tensor, dict]:
     """Weighted block CE. ``compute_dtype`` bfloat16: autocast (bf16 matmuls over the drafter's fp32 master weights,
     the loss and softmax in fp32); None: everything in the drafter's own dtype. The target's embedding and lm_head
-    are used frozen (no gradient reaches them)."""
+    are used frozen (no gradient reaches them). ``denom``: divide the weighted CE sum by it instead of the batch's
+    weight sum (a data-parallel micro-batch's share of the global loss)."""
     dt = next(drafter.parameters()).dtype
     dev = drafter.device
     batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
@@ -122,7 +136,7 @@ def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
         sel = w > 0
         logits = lm_head(h[sel]).float()
     ce = F.cross_entropy(logits, batch["labels"][sel], reduction="none")
-    loss = (ce * w[sel]).sum() / (w[sel].sum() + 1e-6)
+    loss = (ce * w[sel]).sum() / (w[sel].sum() + 1e-6 if denom is None else denom)
     acc = (logits.argmax(-1) == batch["labels"][sel]).float().mean()
     return loss, {"acc": float(acc), "n_sup": int(sel.sum())}
 
@@ -139,15 +153,43 @@ def _lr(step, total, warmup_frac, base):
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
 
 
+def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mask_id, gen, gamma) -> tuple[float, dict]:
+    """The forwards and backwards of one data-parallel step (``distributed``): every rank draws the anchors of the
+    whole global batch (its generator advances as in one process), builds only its own micro-batches, and divides
+    each weighted CE sum by the global batch's weight sum. Returns the global loss, accuracy and supervised count."""
+    drawn = draw_anchors(rows, idx, cfg, gen)
+    slices = dp.micro_slices(len(idx), cfg.micro_batch_size)
+    if hasattr(feats, "prefetch"):
+        feats.prefetch([i for sl in slices for i in idx[sl]])
+    parts = [make_batch(rows, feats, idx[sl], cfg, mask_id, gen, gamma, drawn[sl]) for sl in slices]
+    denom = dp.all_sum([sum(float(b["weights"][b["weights"] > 0].sum()) for b in parts)])[0] + 1e-6
+    infos: list[dict] = []
+
+    def loss_of(b: dict) -> torch.Tensor:
+        loss, info = drafter_loss(drafter, embed, lm_head, b, compute_dtype(cfg), denom)
+        infos.append(info)
+        return loss
+    loss = dp.accumulate(parts, loss_of)
+    hit, n = dp.all_sum([sum(i["acc"] * i["n_sup"] for i in infos), sum(i["n_sup"] for i in infos)])
+    return loss, {"acc": hit / max(1.0, n), "n_sup": int(n)}
+
+
 def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cfg: DrafterConfig, epochs: int,
                   ckpt: Path, log_path: Path, tag: str, progress=True) -> list[dict]:
     """Train in place; resumable from ``ckpt`` (drafter, optimizer, step, log and the epoch's sampling generator
     state), written every ``cfg.save_every`` steps and at each epoch end: a run killed mid-epoch and resumed
-    draws the same batches and anchors as an uninterrupted one."""
+    draws the same batches and anchors as an uninterrupted one. Under torchrun the drafter is FSDP-sharded in place
+    (it stays sharded on return), steps run this rank's micro-batches, and the checkpoint is ``ckpt`` with the
+    suffix ``.dcp`` (``distributed``)."""
     from tqdm.auto import tqdm
+    dp = distributed.current()
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     target.requires_grad_(False)                 # frozen: its embedding / lm_head never accumulate gradients
     drafter.float()                              # fp32 master weights (bf16 params would drop small AdamW updates)
+    if dp is not None:                           # FSDP2: one unit per drafter layer plus the root
+        dp.shard(drafter, drafter.layers, param_dtype=compute_dtype(cfg))
+    else:
+        distributed.check_one_process_batch(cfg.batch_size, cfg.micro_batch_size)
     gamma = cfg.gamma or default_gamma(cfg.block_size)
     mask_id = drafter.mask_token_id
     steps_per_epoch = max(1, len(rows) // cfg.batch_size)
@@ -155,7 +197,12 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
                             fused=True)
     step, log, gen_state = 0, [], None
-    if ckpt.exists():
+    dcp_dir = ckpt.with_suffix(".dcp")
+    if dp is not None:
+        got = dp.load(dcp_dir, drafter, opt, ckpt)
+        if got is not None:
+            step, log, gen_state = got[0]["step"], got[0]["log"], got[0]["gen_state"]
+    elif ckpt.exists():
         try:
             st = torch.load(ckpt, map_location="cpu", weights_only=False)
         except Exception as e:
@@ -165,6 +212,9 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
         step, log, gen_state = st["step"], st["log"], st.get("gen_state")
 
     def save(gen):
+        if dp is not None:
+            return dp.save(dcp_dir, drafter, opt, {"step": step, "log": log, "gen_state": gen.get_state()},
+                           log_path=log_path)
         tmp = ckpt.with_suffix(".tmp")
         torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
                     "gen_state": gen.get_state()}, tmp)
@@ -172,7 +222,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
         atomic_write_text(log_path, "".join(json.dumps(r) + "\n" for r in log))
 
     drafter.train()
-    bar = tqdm(total=total, initial=step, desc=tag, disable=not progress)
+    bar = tqdm(total=total, initial=step, desc=tag, disable=not progress or not distributed.is_main())
     while step < total:
         epoch, within = divmod(step, steps_per_epoch)
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)       # anchors + order fresh per epoch
@@ -183,17 +233,26 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
         for s in range(within, steps_per_epoch):
             idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
             t0 = time.time()
-            batch = make_batch(rows, feats, idx, cfg, mask_id, gen, gamma)
             lr = _lr(step, total, cfg.warmup_frac, cfg.lr)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss, info = drafter_loss(drafter, embed, lm_head, batch, compute_dtype(cfg))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = float(torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip))
+            if dp is None:
+                if hasattr(feats, "prefetch"):
+                    feats.prefetch(idx)
+                batch = make_batch(rows, feats, idx, cfg, mask_id, gen, gamma)
+                loss, info = drafter_loss(drafter, embed, lm_head, batch, compute_dtype(cfg))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                loss, gn = float(loss.detach()), float(torch.nn.utils.clip_grad_norm_(drafter.parameters(),
+                                                                                     cfg.grad_clip))
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss, info = _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mask_id, gen,
+                                                  gamma)
+                gn = dp.clip_grad_norm(list(drafter.parameters()), cfg.grad_clip)
             opt.step()
             step += 1
-            log.append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": lr, "grad_norm": gn,
+            log.append({"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": gn,
                         "tok_per_s": sum(len(rows[i]["input_ids"][: cfg.max_len]) for i in idx) / (time.time() - t0),
                         **info})
             bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", acc=f"{info['acc']:.2f}")
@@ -211,7 +270,11 @@ def _train_one(name, drafter, target, rows, feats, cfg, epochs, out, progress):
     t0 = time.time()
     log = train_drafter(drafter, target, rows, feats, cfg, epochs, out / f"{name}.ckpt.pt",
                         out / f"train_log-{name}.jsonl", name, progress)
-    path = save_drafter(drafter, out / name, {"epochs": epochs, "steps": len(log)})
+    dp, config = distributed.current(), drafter.config
+    if dp is not None:                           # the trained tensors gathered into a plain drafter on rank 0
+        drafter = dp.unsharded(drafter, lambda: DFlashDraftModel(config))
+    path = save_drafter(drafter, out / name, {"epochs": epochs, "steps": len(log)}) if drafter is not None \
+        else out / name
     return path, {"steps": len(log), "epochs": epochs, "final_loss": log[-1]["loss"] if log else None,
                   "final_acc": log[-1]["acc"] if log else None, "train_s": round(time.time() - t0, 2),
                   "mean_tok_per_s": sum(r["tok_per_s"] for r in log) / max(1, len(log)),
@@ -224,9 +287,10 @@ def drafter_name(cfg: DrafterConfig, kind: str) -> str:
 
 def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -> DrafterResult:
     """Stage 02: pretrain against the full-precision target (the data stage's target)."""
-    t0 = time.time()
-    out = start_run(out_dir, cfg, "02_drafter_pretrain")
+    t0, dp = time.time(), distributed.current()      # torchrun: every rank trains, rank 0 writes
+    out = start_run(out_dir, cfg, "02_drafter_pretrain") if distributed.is_main() else Path(out_dir)
     target_spec = read_json(Path(data_dir) / "config.json")["target"]
+    distributed.main_first(lambda: resolve_target(target_spec))     # an offline target is built once
     target = load_model(target_spec, cfg.dtype)
     tok = load_tokenizer(target_spec)
     rows = load_split(data_dir, "train")
@@ -236,6 +300,10 @@ def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -
                     cfg.init).to(target.device)
     path, info = _train_one(drafter_name(cfg, "pretrain"), d, target, rows, feats, cfg, cfg.epochs, out, progress)
     n_params = sum(p.numel() for p in d.parameters())
+    if dp is not None:
+        dp.close()                               # rank 0 goes on alone, the others are done
+        if not dp.is_main:
+            return DrafterResult(out, {"pretrain": path}, {})
     m = finish_run(out, {"drafter": path.name, "target": target_spec, "params": n_params, "train": info,
                          "features": {"cache": str(feats.path), "computed_rows": feats.computed_rows}}, t0)
     return DrafterResult(out, {"pretrain": path}, m)
@@ -247,17 +315,25 @@ def eval_prompts(data_dir, n: int) -> list[list[int]]:
 
 
 def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qad_dir, progress=True) -> DrafterResult:
-    """Stage 03: finetune the pretrained drafter against the QAD target (its dense twin); train the ablation
+    """Stage 03: finetune the pretrained drafter against the QAD target (its dense twin), on the training prompts
+    regenerated by the QAD target when ``finetune_data="qad"`` (the paper's finetune set); train the ablation
     directly on the QAD target with the same total epochs; evaluate {pretrain, two-stage, direct, random} x
     {full-precision, QAD} targets with the reference decoder."""
     from .speculative import compare_with_plain, results_to_json
-    t0 = time.time()
-    out = start_run(out_dir, cfg, "03_drafter_finetune")
+    t0, dp = time.time(), distributed.current()      # torchrun: every rank trains, rank 0 writes and evaluates
+    out = start_run(out_dir, cfg, "03_drafter_finetune") if distributed.is_main() else Path(out_dir)
     fp_spec = read_json(Path(data_dir) / "config.json")["target"]
     qm = read_json(Path(qad_dir) / "metrics.json")
     twin_dir = str(Path(qad_dir) / qm["names"]["twin"])
     tok = load_tokenizer(fp_spec)
     rows = load_split(data_dir, "train")
+    regen = None
+    if cfg.finetune_data == "qad":
+        # the paper's finetune set: the pretraining prompts answered by the QAD model. Its dense twin computes the same
+        # function as the packed W4A16 checkpoint and runs on the fast bf16 path of either backend.
+        rows, regen = distributed.main_first(
+            lambda: regenerate_rows(twin_dir, rows, data_dir, out / "finetune_data", progress),
+            lambda: (read_jsonl(out / "finetune_data" / "train.jsonl"), None))
     pre_meta = read_json(Path(pretrain_dir) / "metrics.json")
     pre_path = Path(pretrain_dir) / pre_meta["drafter"]
     qad_target = load_model(twin_dir, cfg.dtype)
@@ -274,6 +350,10 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                          cfg.init).to(qad_target.device)
     dr_path, info["direct"] = _train_one(drafter_name(cfg, "direct"), direct, qad_target, rows, feats, cfg,
                                          cfg.epochs + ft_epochs, out, progress)
+    if dp is not None:
+        dp.close()                               # rank 0 goes on alone (decoding grid), the others are done
+        if not dp.is_main:
+            return DrafterResult(out, {"two_stage": ft_path, "direct": dr_path, "pretrain": pre_path}, {})
     feats_path, feats_computed = feats.path, feats.computed_rows
     del feats
     # evaluation grid
@@ -281,10 +361,11 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     dev = qad_target.device
     ddt = torch_dtype(cfg.decode_dtype)          # every drafter decodes in the decode dtype, like the target
     drafters = {"pretrain": load_drafter(pre_path, ddt).to(dev), "two_stage": load_drafter(ft_path, ddt).to(dev),
-                "direct": load_drafter(dr_path, ddt).to(dev),
-                "random": new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
-                                      mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size,
-                                      cfg.seed + 1).to(dev, ddt).eval()}
+                "direct": load_drafter(dr_path, ddt).to(dev)}
+    if cfg.eval_random:
+        drafters["random"] = new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
+                                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size,
+                                         cfg.seed + 1).to(dev, ddt).eval()
     grid = {}
     for tname, tspec in (("fp", resolve_target(fp_spec)), ("qad", str(Path(qad_dir) / qm["names"]["qad"]))):
         tgt = load_model(tspec, cfg.decode_dtype)
@@ -301,5 +382,6 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                                                                       "two_stage": ft_path.name,
                                                                       "direct": dr_path.name},
                          "eval_prompts": len(prompts), "eval_new_tokens": cfg.eval_new_tokens,
+                         "finetune_data": {"source": cfg.finetune_data, **(regen or {})},
                          "features": {"cache": str(feats_path), "computed_rows": feats_computed}}, t0)
     return DrafterResult(out, {"two_stage": ft_path, "direct": dr_path, "pretrain": pre_path}, m)

