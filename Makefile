@@ -104,7 +104,7 @@ $(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/co
 	$(call papermill,06_evaluation.ipynb,06_evaluation)
 $(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/cards.py src/qdflash/config.py src/qdflash/figures.py \
     src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/results.py \
-    src/qdflash/runio.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json \
+    src/qdflash/runio.py src/qdflash/scaling.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json \
     $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json
 	$(call papermill,07_figures.ipynb,07_figures)
 

@@ -363,6 +363,9 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root, cards: bool = True) -> F
     for stage, name, fn in FIGURES:
         if (runs_root / stage / "metrics.json").exists():
             files += _save(fn(runs_root / stage), fig_dir, name, cfg.formats)
+    from .scaling import GPU_RUN, scaling_plot
+    if cfg.preset in ("smol", "smol-gpu") and (GPU_RUN / "scaling.json").exists():   # the saved GPU run (scaling.py)
+        files += _save(scaling_plot(GPU_RUN), fig_dir, "fig-drafter-scaling", cfg.formats)
     tables_md = "\n".join(mds)
     atomic_write_text(fig_dir / "tables.md", tables_md or "(no stage results found)\n")
     written_cards = []

@@ -86,6 +86,15 @@ def extra_tables(preset: str, root: Path) -> str:
     if preset == "smol" and (bench / "cpu_stages.json").exists():
         out += "\n" + table_markdown(cpu_speed_table(bench / "cpu_stages.json"),
                                      "CPU units, old path vs new path (`benchmarks/cpu_stages.py`, one run)", 4)
+    from .scaling import GPU_RUN, decode_table, scaling_table
+    if preset == "smol" and (GPU_RUN / "scaling.json").exists():
+        out += ("\n" + table_markdown(scaling_table(), "Drafter scaling on one H200 (`smol-gpu` data, "
+                                      "`benchmarks/drafter_scaling.py`; block-level tau estimate, 95% CI over "
+                                      "held-out conversations)", 4)
+                + "\n![tau against conversations and epochs](figures/smol/fig-drafter-scaling.png)\n")
+    if preset == "smol" and (GPU_RUN / "eval-fp.json").exists():
+        out += "\n" + table_markdown(decode_table(), "`smol-gpu` drafters on held-out prompts (one H200, reference "
+                                      "decoder, greedy, 128 new tokens; 95% CI over prompts)", 4)
     sweeps = sorted((bench / "qad-sweep-h200").glob("*.json")) if preset == "smol" else []
     if sweeps:
         out += "\n" + table_markdown(qad_sweep_table(sweeps), "QAD recipes on the smol data "

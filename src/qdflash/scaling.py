@@ -1,0 +1,79 @@
+"""What more data buys the drafter: tables and the figure from the saved GPU run of ``smol-gpu``
+(``benchmarks/smol-gpu-h200/``: the scaling sweep of ``benchmarks/drafter_scaling.py`` and the held-out decoding of
+the trained drafters with the reference decoder). Read only from those files; ``qdflash figures`` puts the tables in
+the README block and the figure in ``figures/<preset>/``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .runio import REPO_ROOT, read_json
+
+GPU_RUN = REPO_ROOT / "benchmarks" / "smol-gpu-h200"
+
+
+def _ci(ci) -> str:
+    return f"{ci[0]:.3f}–{ci[1]:.3f}" if isinstance(ci, list) and len(ci) == 2 else ""
+
+
+def scaling_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
+    """One row per sweep point: conversations, epochs, steps, training time, the block-level tau estimate."""
+    s = read_json(Path(run_dir) / "scaling.json")
+    rows = [{"conversations": p["conversations"], "epochs": p["epochs"], "steps": p["steps"],
+             "train s": p["train_s"], "response tokens": p["response_tokens"], "tau estimate": p["tau_est"],
+             "95% CI": _ci(p["tau_est_ci95"]), "r1": p["per_position"][0]} for p in s["points"]]
+    return pd.DataFrame(rows).sort_values(["epochs", "conversations"]).set_index(["conversations", "epochs"])
+
+
+def decode_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
+    """True tau of the trained drafters on held-out prompts (reference decoder, greedy, fp32), with the bootstrap
+    interval over prompts, against the same drafter's block-level estimate where the sweep has that point."""
+    run_dir = Path(run_dir)
+    rows = []
+    fp = read_json(run_dir / "eval-fp.json")
+    for name, st in fp["grid"].items():
+        if name == "plain":
+            continue
+        rows.append({"target": "FP target (fp32 decode)", "drafter": name, "prompts": fp["prompts"],
+                     "tau": st["tau"], "95% CI": _ci(st.get("tau_ci95")), "speedup (eager, batch 1)": st.get("speedup"),
+                     "mismatches": st.get("mismatched_outputs")})
+    q = read_json(run_dir / "eval-qad-twostage.json")
+    rows.append({"target": "QAD target (its dense twin, fp32 decode)", "drafter": q["drafter"], "prompts": q["prompts"],
+                 "tau": q["stats"]["tau"], "95% CI": _ci(q["stats"].get("tau_ci95")),
+                 "speedup (eager, batch 1)": None, "mismatches": None})
+    return pd.DataFrame(rows).set_index(["target", "drafter"])
+
+
+def scaling_plot(run_dir: Path = GPU_RUN):
+    """tau estimate against conversations (at the preset's epochs) and against epochs (all conversations), with
+    95% intervals; the reference decoder's true tau of the pretrained drafter marked where it was measured."""
+    import matplotlib.pyplot as plt
+    s = read_json(Path(run_dir) / "scaling.json")
+    pts = s["points"]
+    top = max(p["conversations"] for p in pts)
+    main_ep = s["config"]["epochs"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
+    for ax, sel, key, label in ((a, [p for p in pts if p["epochs"] == main_ep], "conversations",
+                                 f"training conversations ({main_ep} epochs)"),
+                                (b, [p for p in pts if p["conversations"] == top], "epochs",
+                                 f"epochs ({top} conversations)")):
+        sel = sorted(sel, key=lambda p: p[key])
+        x = [p[key] for p in sel]
+        y = [p["tau_est"] for p in sel]
+        err = [[p["tau_est"] - p["tau_est_ci95"][0] for p in sel], [p["tau_est_ci95"][1] - p["tau_est"] for p in sel]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label="block-level estimate")
+        ax.set_xlabel(label)
+    a.set_xscale("log")
+    a.set_ylabel("tau (bonus token counted)")
+    fp = Path(run_dir) / "eval-fp.json"
+    if fp.exists():
+        st = read_json(fp)["grid"].get("pretrain")
+        if st:
+            for ax, x in ((a, top), (b, main_ep)):
+                lo, hi = st["tau_ci95"]
+                ax.errorbar([x], [st["tau"]], yerr=[[st["tau"] - lo], [hi - st["tau"]]], marker="s", c="C3",
+                            capsize=3, ls="none", label="reference decoder (32 prompts x 128)")
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
