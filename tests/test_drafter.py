@@ -209,3 +209,21 @@ def test_batched_features_equal_unbatched(tiny_target):
     for a, b in zip(one, many):
         assert a.shape == b.shape
         assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_warm_start_copies_the_norm_scale_not_the_parameter():
+    """Qwen3.5's final norm is zero-centred (scale = 1 + weight, weights start at 0); the drafter's is standard. A raw
+    copy would give the drafter a zero norm; the tiny Qwen3 target's norm is standard and copies as is."""
+    import torch
+
+    from qdflash.drafter import new_drafter
+    from qdflash.models import load_model
+    for spec, layers, shift in (("qwen35-mini", (1, 3), 1.0), ("tiny", (0, 2), 0.0)):
+        tgt = load_model(spec, "float32")
+        with torch.no_grad():
+            tgt.model.norm.weight.uniform_(-0.2, 0.2)
+        d = new_drafter(tgt, 1, 4, layers, 0, init="target_layers")
+        torch.testing.assert_close(d.norm.weight, tgt.model.norm.weight + shift, rtol=0, atol=1e-5)
+        src = tgt.model.layers[-1].post_attention_layernorm
+        off = 1.0 if type(src).__name__.startswith("Qwen3_5") else 0.0
+        torch.testing.assert_close(d.layers[0].post_attention_layernorm.weight, src.weight + off, rtol=0, atol=1e-5)

@@ -16,6 +16,7 @@ context exceeds ``window`` tokens, block queries see only the last ``window`` co
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,18 +183,32 @@ def init_from_target(drafter: DFlashDraftModel, target, mode: str) -> list[str]:
     base = getattr(target, "model", target)
     src_norm = getattr(base, "norm", None)
     if src_norm is not None and src_norm.weight.shape == drafter.norm.weight.shape:
-        drafter.norm.weight.copy_(src_norm.weight.to(drafter.norm.weight.dtype))
+        drafter.norm.weight.copy_(effective_norm_weight(src_norm).to(drafter.norm.weight.dtype))
         copied.append("norm.weight")
     if mode == "target_layers":
         t_layers = base.layers
         L = len(drafter.layers)
         for i, layer in enumerate(drafter.layers):
-            src = dict(t_layers[len(t_layers) - L + i].named_parameters())
+            t_layer = t_layers[len(t_layers) - L + i]
+            src = dict(t_layer.named_parameters())
             for name, p in layer.named_parameters():
                 if name in src and src[name].shape == p.shape:
-                    p.copy_(src[name].to(p.dtype))
+                    mod = name.rsplit(".", 1)[0]
+                    w = effective_norm_weight(t_layer.get_submodule(mod)) if name.endswith("norm.weight") else src[name]
+                    p.copy_(w.to(p.dtype))
                     copied.append(f"layers.{i}.{name}")
     return copied
+
+
+@torch.no_grad()
+def effective_norm_weight(norm: torch.nn.Module) -> torch.Tensor:
+    """The per-channel scale an RMS norm applies to a unit-RMS input: ``weight`` for Llama/Qwen3 norms, ``1 + weight``
+    for Qwen3.5's zero-centred norm (whose weights start at 0). The drafter's norms are the standard kind, so a
+    warm start copies this scale, not the raw parameter."""
+    w = norm.weight
+    eps = float(getattr(norm, "eps", getattr(norm, "variance_epsilon", 0.0)))
+    y = norm(torch.ones(1, w.shape[0], dtype=w.dtype, device=w.device))
+    return y.float()[0] * math.sqrt(1.0 + eps)
 
 
 def new_drafter(target, num_layers: int, block_size: int, target_layer_ids, mask_token_id: int,
