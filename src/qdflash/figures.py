@@ -201,9 +201,11 @@ def table_markdown(df: pd.DataFrame, title: str, level: int = 3) -> str:
     return f"{'#' * level} {title}\n\n" + flat.to_markdown(floatfmt=".4g", index=flat is df) + "\n"
 
 
-def tables_markdown(root, level: int = 3) -> str:
-    """Every results table of the stages under ``root`` as Markdown (what ``tables.md`` and the README hold)."""
-    return "\n".join(table_markdown(df, title, level) for _, title, df in stage_tables(root))
+def tables_markdown(root, level: int = 3, only: set[str] | None = None) -> str:
+    """The results tables of the stages under ``root`` as Markdown (every one for ``tables.md``; the README block
+    takes ``only`` the key ones and links the rest)."""
+    return "\n".join(table_markdown(df, title, level) for name, title, df in stage_tables(root)
+                     if only is None or name in only)
 
 
 # ----------------------------------------------------------------------------------------------- figures

@@ -72,7 +72,21 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
             f"edit the code in src/qdflash/figures.py, not this block -->\n"
             f"*Preset `{preset}`, generated from `{rel}/` (stages {', '.join(s[:2] for s in finished_stages(root))}"
             f") by `make figures`; the same tables as `figures/{preset}/tables.md`.*\n\n")
-    return head + tables_markdown(root, level=4) + extra_tables(preset, root)
+    from .figures import TABLES
+    rest = [title for _, name, title, _ in TABLES if name not in README_TABLES
+            and (root / _stage_of(name) / "metrics.json").exists()]
+    more = (f"\nMore tables from the same metrics in [`figures/{preset}/tables.md`](figures/{preset}/tables.md): "
+            + "; ".join(rest) + ".\n") if rest else ""
+    return head + tables_markdown(root, level=4, only=README_TABLES) + more + extra_tables(preset, root)
+
+
+# the tables the README block shows; the others are linked (figures/<preset>/tables.md)
+README_TABLES = {"table-qad-vs-ptq", "table-drafters", "table-quality"}
+
+
+def _stage_of(table_name: str) -> str:
+    from .figures import TABLES
+    return next(stage for stage, name, _, _ in TABLES if name == table_name)
 
 
 def extra_tables(preset: str, root: Path) -> str:
@@ -84,8 +98,9 @@ def extra_tables(preset: str, root: Path) -> str:
         out += "\n" + table_markdown(st, "Wall time per stage (each stage's `metrics.json`)", 4)
     bench = REPO_ROOT / "benchmarks"
     if preset == "smol" and (bench / "cpu_stages.json").exists():
-        out += "\n" + table_markdown(cpu_speed_table(bench / "cpu_stages.json"),
-                                     "CPU units, old path vs new path (`benchmarks/cpu_stages.py`, one run)", 4)
+        t = cpu_speed_table(bench / "cpu_stages.json")
+        out += ("\nCPU units, new path / old path (`benchmarks/cpu_stages.py`, one run, `benchmarks/cpu_stages.json`): "
+                + ", ".join(f"{u} {r:.2f}x" for u, r in zip(t.index, t["new / old"])) + ".\n")
     from .scaling import GPU_RUN, decode_table, scaling_table
     if preset == "smol" and (GPU_RUN / "scaling.json").exists():
         out += ("\n" + table_markdown(scaling_table(), "Drafter scaling on one H200 (`smol-gpu` data, "
