@@ -5,9 +5,10 @@ master weights under bf16 autocast) on prefixes of a stage-00 training set (the 
 in every prefix) and scores each on the held-out split with the *block-level* greedy estimate: for every block of
 ``block_size`` tokens inside a held-out response, the drafter sees the target's features of the context and the
 anchor token, and tau_est = 1 + E[number of leading block positions it predicts right] (the bonus token counted).
-This needs one forward per block instead of a decode, so a sweep point costs seconds; it overestimates the
-decoder's tau (the reference decoder drafts from its own, sometimes wrong, prefix; the issue's measurement: by
-0.24-0.30 at tau ~2). Stage 03 of the same preset measures the true tau of the all-data point with the reference
+This needs one forward per block instead of a decode, so a sweep point costs seconds. It overestimates the
+decoder's tau: it averages acceptance over uniformly drawn anchors, while decoding moves past easy stretches in one
+step and spends many steps on hard ones (tokens / steps weights hard positions more); blocks in a response's last
+``block_size - 1`` tokens are not scored. (The issue's measurement: 0.24-0.30 above the decoder at tau ~2.) Stage 03 of the same preset measures the true tau of the all-data point with the reference
 decoder, which calibrates the curve. Resumable: finished points are kept in the output JSON.
 
   python benchmarks/drafter_scaling.py --runs RUNS --preset smol-gpu --sizes 1000,2000,4000,8000,0 \

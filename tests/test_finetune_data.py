@@ -28,9 +28,19 @@ def test_regenerating_with_the_fp_target_reproduces_stage_00(tiny_pipeline, tmp_
     rows, info = regenerate_rows(resolve_target("tiny"), fp_rows, runs / "00_data", tmp_path, progress=False)
     assert info["same_as_stage00"] == len(fp_rows) and info["backend"] == "hf"
     assert [r["input_ids"] for r in rows] == [r["input_ids"] for r in fp_rows]
-    # resumable: a second call generates nothing new and returns the same rows
+    # resumable: a finished answer in the partial file is taken as it is (a marked one comes back marked) ...
+    part = tmp_path / "generations.partial.jsonl"
+    recs = [json.loads(x) for x in part.read_text().splitlines()]
+    recs[0]["gen_ids"] = recs[0]["gen_ids"][:1] + [7, 7, 7]
+    part.write_text("".join(json.dumps(r) + "\n" for r in recs))
     rows2, _ = regenerate_rows(resolve_target("tiny"), fp_rows, runs / "00_data", tmp_path, progress=False)
-    assert [r["input_ids"] for r in rows2] == [r["input_ids"] for r in rows]
+    marked = {r["id"]: r for r in rows2}[recs[0]["id"]]
+    assert marked["input_ids"][marked["prompt_len"]:] == recs[0]["gen_ids"]
+    # ... unless another model wrote it: then everything is generated again
+    gen = json.loads((tmp_path / "generator.json").read_text())
+    (tmp_path / "generator.json").write_text(json.dumps({**gen, "weights_sha256": "another model"}))
+    rows3, _ = regenerate_rows(resolve_target("tiny"), fp_rows, runs / "00_data", tmp_path, progress=False)
+    assert [r["input_ids"] for r in rows3] == [r["input_ids"] for r in fp_rows]
 
 
 def test_online_features_equal_the_batch_computed_ones(tiny_pipeline, one_thread):

@@ -51,8 +51,9 @@ def test_items_are_distinct_deterministic_and_mixed():
     assert a == make_agreement(200, 0) and a != make_agreement(200, 1)
     assert len({r["good"] for r in a}) == 200 and all(r["good"] != r["bad"] for r in a)
     assert {r["kind"] for r in a} == {"agreement", "attractor", "was_were", "a_an"}
-    p = make_products(50, 0)
-    assert all(len(set(r["choices"])) == 4 for r in p)
+    p = make_products(150, 0)                 # more than the ~80 one-digit products: no question repeats
+    assert len({r["question"] for r in p}) == 150
+    assert all(len(set(r["choices"])) == 4 and min(int(c) for c in r["choices"]) >= 0 for r in p)
     labels = [r["label"] for r in p]
     assert len(set(labels)) > 1            # the answer is not always in the same slot
 

@@ -224,7 +224,7 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
 
 # ``smol-gpu``: the embedded default's target and method sized for one GPU (README: stages 00-03 on one H200). More and
 # longer data from the mixed prompt sources (the sweep: tau grows with conversations up to 13K and beyond),
-# the sweep's drafter lr (1e-3 beat 3e-3), a QAD run 10x longer (benchmarks/qad-sweep-h200: 300 x 8 at lr 1e-4),
+# the sweep's drafter lr (1e-3 beat 3e-3), QAD on 10x the tokens (benchmarks/qad-sweep-h200: 300 x 8 at lr 1e-4),
 # target features per batch (a cache of 12K conversations would take ~25 GB), the held-out eval at 32 x 128 tokens.
 _SMOL_GPU: dict[type, dict[str, Any]] = {
     DataConfig: dict(source="mix:sharegpt=0.4,sharegpt_later=0.3,chitchat=0.15,gsm=0.15", n_prompts=12000,

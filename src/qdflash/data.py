@@ -371,6 +371,9 @@ def run_data(cfg: DataConfig, out_dir: str | Path, progress: bool = True) -> Dat
     tok = load_tokenizer(cfg.target)
     prompts, src_meta = load_prompts(cfg)
     items, sel_meta = select_prompts(cfg, tok, prompts, src_meta.pop("source_of", None))
+    if "dump_sha256" in src_meta and len(items) < cfg.n_prompts:
+        raise ValueError(f"the prompt dump yields only {len(items)} prompts that fit max_prompt_tokens, not "
+                         f"{cfg.n_prompts}: dump more (dump_mix_prompts factor)")
     if cfg.source.startswith("mix:"):
         sel_meta["selected_by_source"] = {k: sum(1 for it in items if it["id"].startswith(k + "-"))
                                           for k in src_meta["mix"]}
@@ -426,6 +429,11 @@ def regenerate_rows(target: str, rows: list[dict], data_dir: str | Path, out_dir
     tok = load_tokenizer(dcfg.target)
     items = [{"id": r["id"], "prompt_ids": r["input_ids"][: r["prompt_len"]]} for r in rows]
     partial = out / "generations.partial.jsonl"
+    from .features import weights_sha256       # a partial file of another model's answers is not resumed
+    stamp, sha = out / "generator.json", weights_sha256(target)
+    if partial.exists() and (not stamp.exists() or json.loads(stamp.read_text()).get("weights_sha256") != sha):
+        partial.unlink()
+    write_json(stamp, {"target": target, "weights_sha256": sha})
     t0 = time.time()
     if dcfg.backend == "vllm":
         recs, info = regenerate_vllm(target, tok, items, dcfg, partial)

@@ -158,6 +158,12 @@ def gate_table(eval_dir) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("model")
 
 
+def _above(m: dict, model: str, task: str) -> float | None:
+    c = (m.get("quality") or {}).get("chance", {}).get(task)
+    t = m["results"]["teacher"]["quality"][task]["score"]
+    return None if c is None or t == c else (m["results"][model]["quality"][task]["score"] - c) / (t - c)
+
+
 def quality_table(eval_dir) -> pd.DataFrame:
     """Log-likelihood quality tasks (quality_tasks): accuracy per model and, for the quantized ones, the fraction of
     the teacher's score with its paired bootstrap interval over items."""
@@ -170,7 +176,8 @@ def quality_table(eval_dir) -> pd.DataFrame:
             rows.append({"task": task, "model": model, "items": v["items"], "chance": q.get("chance", {}).get(task),
                          "acc": v["score"], "acc 95% CI": _ci(v, "score_ci95"),
                          "x teacher": rel.get("fraction_of_teacher", 1.0 if model == "teacher" else None),
-                         "x teacher 95% CI": _ci(rel, "fraction_ci95")})
+                         "x teacher 95% CI": _ci(rel, "fraction_ci95"),
+                         "above chance x teacher": rel.get("above_chance_fraction", _above(m, model, task))})
     return pd.DataFrame(rows).set_index(["task", "model"]) if rows else pd.DataFrame()
 
 

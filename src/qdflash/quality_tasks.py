@@ -6,11 +6,16 @@ chance on them and every quantized model is "within noise". These two tasks are 
 
 * ``local_agreement``: grammatical minimal pairs (BLiMP-style: subject-verb agreement with and without an
   attractor noun, was/were, a/an); the model must prefer the grammatical sentence (chance 0.5).
-* ``local_rg_products``: ``reasoning-gym``'s one-digit ``products`` problems with four numeric options (chance
-  0.25); measured on SmolLM2-135M-Instruct: ~0.42 on 60 items, where its ``chain_sum`` and ``leg_counting`` sit at chance.
+* ``local_rg_products``: ``reasoning-gym``'s ``products`` problems, distinct questions, with four non-negative
+  numeric options (chance 0.25); in a first probe SmolLM2-135M-Instruct was above chance here while its ``chain_sum``
+  and ``leg_counting`` sat at chance.
 
-Each quantized model's score is reported as a fraction of the teacher's with a paired bootstrap interval over items
-(the same items for both models).
+Stage 06 scores them like every task of the run, through the model's chat template: each sentence or answer is
+the assistant's reply, so ``local_agreement`` measures which reply the model prefers, not unconditional sentence
+probability.
+
+Each quantized model's score is reported as a fraction of the teacher's, raw and above chance
+((acc - chance) / (teacher - chance)), with paired bootstrap intervals over items (the same items for both models).
 """
 from __future__ import annotations
 
@@ -78,18 +83,28 @@ def make_agreement(n: int, seed: int) -> list[dict]:
 
 
 def make_products(n: int, seed: int) -> list[dict]:
-    """``n`` one-digit products from reasoning-gym with the answer among four nearby numbers."""
+    """``n`` distinct products (reasoning-gym ``products``: one-digit by one-digit, then up to two digits by one once
+    the ~80 one-digit questions are used up) with the answer among four non-negative nearby numbers."""
     import reasoning_gym as rg
-    ds = rg.create_dataset("products", size=n, seed=seed + 3, min_terms=2, max_terms=2, min_digits=1, max_digits=1)
     rng = random.Random(f"products-{seed}")
-    rows = []
-    for x in ds:
-        a = int(x["answer"])
-        opts = {a}
-        while len(opts) < 4:
-            opts.add(a + rng.choice([-3, -2, -1, 1, 2, 3, 10, -10]))
-        opts = sorted(opts)
-        rows.append({"question": x["question"], "choices": [str(o) for o in opts], "label": opts.index(a)})
+    rows, seen = [], set()
+    for k, digits in enumerate((1, 2, 2, 2, 2)):
+        ds = rg.create_dataset("products", size=4 * n, seed=seed + 3 + k, min_terms=2, max_terms=2,
+                               min_digits=1, max_digits=digits)
+        for x in ds:
+            if x["question"] in seen or len(rows) == n:
+                continue
+            seen.add(x["question"])
+            a = int(x["answer"])
+            opts = {a}
+            while len(opts) < 4:
+                o = a + rng.choice([-3, -2, -1, 1, 2, 3, 10, -10])
+                if o >= 0:
+                    opts.add(o)
+            opts = sorted(opts)
+            rows.append({"question": x["question"], "choices": [str(o) for o in opts], "label": opts.index(a)})
+    if len(rows) < n:
+        raise ValueError(f"reasoning-gym gave only {len(rows)} distinct products, not {n}")
     return rows
 
 
@@ -139,6 +154,10 @@ def relative_to_teacher(item_acc: dict[str, dict[str, list[float]]], teacher: st
             if len(acc) != len(ref) or not acc or sum(ref) == 0:
                 continue
             r = bootstrap_ratio_diff(acc, ref, [1] * len(acc))
+            c = CHANCE.get(task, 0.0)
+            rc = bootstrap_ratio_diff([x - c for x in acc], [x - c for x in ref], [1] * len(acc))
             out.setdefault(model, {})[task] = {"fraction_of_teacher": r["ratio"], "fraction_ci95": r["ratio_ci95"],
+                                               "above_chance_fraction": rc["ratio"],
+                                               "above_chance_ci95": rc["ratio_ci95"],
                                                "diff": r["diff"], "diff_ci95": r["diff_ci95"], "items": len(acc)}
     return out
