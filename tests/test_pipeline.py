@@ -56,9 +56,17 @@ def test_evaluation_gates(tiny_pipeline):
         assert g["ifeval"]["score"] == res["local_ifeval"]["prompt_level_strict_acc,none"]
         assert g["ifeval"]["inst_level_strict_acc"] == res["local_ifeval"]["inst_level_strict_acc,none"]
         assert g["gpqa"]["score"] == res["local_gpqa"]["exact_match,flexible-extract"]
-        for gate in g.values():
+        # the log-likelihood quality tasks (quality_tasks): lm-eval's own accuracy, with an interval over items
+        for task in ("local_agreement", "local_rg_products"):
+            q = g["quality"][task]
+            assert q["score"] == res[task]["acc,none"] and q["items"] == 8
+            assert q["score_ci95"][0] <= q["score"] <= q["score_ci95"][1]
+        for name, gate in g.items():
+            if name == "quality":
+                continue
             lo, hi = gate["score_ci95"]
             assert lo <= gate["score"] <= hi and gate["pass"] == (gate["score"] >= gate["threshold"])
+    assert set(m["quality"]["vs_teacher"]) == {"rtn", "gptq", "qad"}
     assert m["max_gen_toks"] == 16 and m["dtype"] == "float32"
     # speculation must not change greedy outputs, hence not the scores
     spec = m["speculation_check"]
@@ -119,7 +127,12 @@ def test_figures_and_tables_show_the_stage_metrics(tiny_pipeline):
     rows = _md_table(figs / "table-gates.md")
     for model, res in gates.items():
         for task, v in res.items():
-            assert _close(_row(rows, model=model)[task], v["score"]), (model, task)
+            if task != "quality":
+                assert _close(_row(rows, model=model)[task], v["score"]), (model, task)
+    rows = _md_table(figs / "table-quality.md")
+    for model in ("teacher", "rtn", "gptq", "qad"):
+        for task, v in gates[model]["quality"].items():
+            assert _close(_row(rows, task=task, model=model)["acc"], v["score"]), (model, task)
     for name in ("fig-qad-kl", "fig-tau-speedup", "fig-per-position", "fig-time-split", "fig-train-qad",
                  "fig-train-drafters", "fig-train-pretrain"):
         img = mpimg.imread(figs / f"{name}.png")
