@@ -95,7 +95,8 @@ def extra_tables(preset: str, root: Path) -> str:
     out = ""
     st = stage_times_table(root)
     if len(st):
-        out += "\n" + table_markdown(st, "Wall time per stage (each stage's `metrics.json`)", 4)
+        out += ("\nWall time per stage, s (each stage's `metrics.json`): "
+                + ", ".join(f"{k} {v:.0f}" for k, v in st["wall time s"].items()) + ".\n")
     bench = REPO_ROOT / "benchmarks"
     if preset == "smol" and (bench / "cpu_stages.json").exists():
         t = cpu_speed_table(bench / "cpu_stages.json")
