@@ -32,6 +32,7 @@ def block_tau(drafter, target, rows, cfg, n_anchors: int = 64, bs: int = 8, seed
     from qdflash.config import default_gamma
     from qdflash.drafter_train import make_batch
     from qdflash.features import OnlineFeatures
+    from qdflash.qad import bootstrap_ratio_diff
     E, H = target.get_input_embeddings(), target.get_output_embeddings()
     feats = OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len)
     ecfg = cfg.__class__(**{**cfg.__dict__, "num_anchors": n_anchors})
@@ -56,15 +57,9 @@ def block_tau(drafter, target, rows, cfg, n_anchors: int = 64, bs: int = 8, seed
                     per_conv.append((float(lead[r][m].sum(-1).sum()), int(m.sum())))
                     pos_hits += lead[r][m].sum(0).float().cpu()
                     n_blocks += int(m.sum())
-    num = torch.tensor([x for x, _ in per_conv])
-    den = torch.tensor([float(n) for _, n in per_conv])
-    g = torch.Generator().manual_seed(0)
-    boots = []
-    for _ in range(1000):
-        i = torch.randint(len(num), (len(num),), generator=g)
-        boots.append(1 + float(num[i].sum() / den[i].sum()))
-    boots.sort()
-    return {"tau_est": 1 + float(num.sum() / den.sum()), "tau_est_ci95": [boots[24], boots[974]],
+    # 1 + (leading-correct sum) / (blocks), the ratio bootstrapped over conversations
+    r = bootstrap_ratio_diff([x for x, _ in per_conv], [float(n) for _, n in per_conv], [1] * len(per_conv))
+    return {"tau_est": 1 + r["ratio"], "tau_est_ci95": [1 + x for x in r["ratio_ci95"]],
             "per_position": [float(x) / max(1, n_blocks) for x in pos_hits], "blocks": n_blocks,
             "scored_conversations": len(per_conv)}
 

@@ -9,6 +9,7 @@ from qdflash.data import prompt_ids
 from qdflash.drafter import new_drafter
 from qdflash.fast_decode import FastDecoder, PositionedCache, PositionedLayer, check_plain_attention
 from qdflash.speculative import generate
+from test_speculative import _expected_lengths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 N = 30
@@ -41,15 +42,6 @@ class ScheduledOracleNorm(torch.nn.Module):
         rows = [self.states[min(self.start + j - 1, last)] * (1 if j <= k else -1) for j in range(1, self.block)]
         self.start += k + 1
         return torch.stack([h[0, 0]] + rows)[None]
-
-
-def _expected_lengths(schedule: list[int], B: int, n_tokens: int) -> list[int]:
-    out, emitted, i = [], 1, 0                                  # the first token comes from the prefill
-    while emitted < n_tokens:
-        out.append(min(schedule[i % len(schedule)], B - 1) + 1)
-        emitted += out[-1]
-        i += 1
-    return out
 
 
 def _target_states(target, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:

@@ -1,6 +1,7 @@
 """Stage 03's finetune set (the training prompts answered by the QAD target) and per-batch target features."""
 import json
 
+import pytest
 import torch
 
 from qdflash.data import load_split, regenerate_rows
@@ -55,9 +56,5 @@ def test_online_features_equal_the_batch_computed_ones(tiny_pipeline, one_thread
         assert of[i].shape == ref[i].shape
         torch.testing.assert_close(of[i].cpu(), ref[i], rtol=1e-4, atol=1e-5)
     assert of.computed_rows == 3
-    try:
+    with pytest.raises(KeyError):                               # a row outside the prefetched batch
         of[0]
-    except KeyError:
-        pass
-    else:
-        raise AssertionError("a row outside the prefetched batch must not be served")

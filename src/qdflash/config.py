@@ -294,7 +294,10 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def read_config(cls: type[T], path: str | Path) -> T:
-    return from_dict(cls, json.loads(Path(path).read_text()))
+    """A stage's ``config.json`` back as its config (the ``stage`` key that ``start_run`` adds is not a field)."""
+    data = json.loads(Path(path).read_text())
+    data.pop("stage", None)
+    return from_dict(cls, data)
 
 
 def default_gamma(block_size: int) -> float:

@@ -69,6 +69,12 @@ def _save_random_model(model, tok, path: Path) -> None:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.08)
+    _save_with_tokenizer(model, tok, path)
+
+
+def _save_with_tokenizer(model, tok, path: Path) -> None:
+    """Save a built target with its tokenizer (generation stops and pads as the tokenizer says) atomically: a
+    temporary directory, then a rename."""
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     tmp = path.with_name(path.name + ".tmp")
@@ -122,12 +128,7 @@ def _build_smol(path: Path) -> None:
     tok.mask_token = SMOL_MASK_TOKEN
     model.config.eos_token_id = tok.eos_token_id
     model.config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    tmp = path.with_name(path.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    os.replace(tmp, path)
+    _save_with_tokenizer(model, tok, path)
 
 
 def qwen35_tokenizer():

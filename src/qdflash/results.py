@@ -73,8 +73,8 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
             f"*Preset `{preset}`, generated from `{rel}/` (stages {', '.join(s[:2] for s in finished_stages(root))}"
             f") by `make figures`; the same tables as `figures/{preset}/tables.md`.*\n\n")
     from .figures import TABLES
-    rest = [title for _, name, title, _ in TABLES if name not in README_TABLES
-            and (root / _stage_of(name) / "metrics.json").exists()]
+    rest = [title for stage, name, title, _ in TABLES if name not in README_TABLES
+            and (root / stage / "metrics.json").exists()]
     more = (f"\nMore tables from the same metrics in [`figures/{preset}/tables.md`](figures/{preset}/tables.md): "
             + "; ".join(rest) + ".\n") if rest else ""
     return head + tables_markdown(root, level=4, only=README_TABLES) + more + extra_tables(preset, root)
@@ -82,11 +82,6 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
 
 # the tables the README block shows; the others are linked (figures/<preset>/tables.md)
 README_TABLES = {"table-qad-vs-ptq", "table-drafters", "table-quality"}
-
-
-def _stage_of(table_name: str) -> str:
-    from .figures import TABLES
-    return next(stage for stage, name, _, _ in TABLES if name == table_name)
 
 
 def extra_tables(preset: str, root: Path) -> str:

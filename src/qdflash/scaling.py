@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from .figures import _ci
 from .runio import REPO_ROOT, read_json
 
 GPU_RUN = REPO_ROOT / "benchmarks" / "smol-gpu-h200"
-
-
-def _ci(ci) -> str:
-    return f"{ci[0]:.3f}–{ci[1]:.3f}" if isinstance(ci, list) and len(ci) == 2 else ""
 
 
 def scaling_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
@@ -22,7 +19,7 @@ def scaling_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
     s = read_json(Path(run_dir) / "scaling.json")
     rows = [{"conversations": p["conversations"], "epochs": p["epochs"], "steps": p["steps"],
              "train s": p["train_s"], "response tokens": p["response_tokens"], "tau estimate": p["tau_est"],
-             "95% CI": _ci(p["tau_est_ci95"]), "r1": p["per_position"][0]} for p in s["points"]]
+             "95% CI": _ci(p, "tau_est_ci95"), "r1": p["per_position"][0]} for p in s["points"]]
     return pd.DataFrame(rows).sort_values(["epochs", "conversations"]).set_index(["conversations", "epochs"])
 
 
@@ -36,11 +33,11 @@ def decode_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
         if name == "plain":
             continue
         rows.append({"target": "FP target (fp32 decode)", "drafter": name, "prompts": fp["prompts"],
-                     "tau": st["tau"], "95% CI": _ci(st.get("tau_ci95")), "speedup (eager, batch 1)": st.get("speedup"),
+                     "tau": st["tau"], "95% CI": _ci(st), "speedup (eager, batch 1)": st.get("speedup"),
                      "mismatches": st.get("mismatched_outputs")})
     q = read_json(run_dir / "eval-qad-twostage.json")
     rows.append({"target": "QAD target (its dense twin, fp32 decode)", "drafter": q["drafter"], "prompts": q["prompts"],
-                 "tau": q["stats"]["tau"], "95% CI": _ci(q["stats"].get("tau_ci95")),
+                 "tau": q["stats"]["tau"], "95% CI": _ci(q["stats"]),
                  "speedup (eager, batch 1)": None, "mismatches": None})
     return pd.DataFrame(rows).set_index(["target", "drafter"])
 
