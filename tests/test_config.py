@@ -31,6 +31,9 @@ def test_unknown_preset_and_bad_values():
         load_config(DrafterConfig, "tiny", block_size=1)
     with pytest.raises(ConfigError, match="init_from"):
         load_config(QADConfig, "tiny", init_from="awq")
+    for cls in (DrafterConfig, DrafterQuantConfig):
+        with pytest.raises(ConfigError, match="decoder must be"):
+            load_config(cls, "tiny", decoder="cudagraph")
 
 
 def test_smol_group_size_divides_hidden():

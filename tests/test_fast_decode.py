@@ -208,3 +208,30 @@ def test_hybrid_target_is_refused():
                             full_attention_interval=4)
     with pytest.raises(ValueError, match=r"linear_attention.*qdflash\.speculative\.generate"):
         check_plain_attention(Qwen3_5ForCausalLM(cfg))
+
+
+def test_stage_grids_decode_with_the_fast_path_and_fall_back_on_hybrids(tiny32, monkeypatch):
+    """``compare_with_plain(decoder="fast")`` (what stages 03/04 call) runs every prompt through one FastDecoder per run
+    and gives the eager grid's tokens and acceptance lengths; a hybrid target falls back to eager and says so; an
+    unknown decoder is a one-line error."""
+    from qdflash import fast_decode
+    from qdflash.speculative import compare_with_plain, run_decoding
+    target, tok = tiny32
+    drafter = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=2)
+    prompts = [prompt_ids(tok, t) for t in PROMPTS]
+    runs = {}
+    for dec in ("eager", "fast"):
+        runs[dec] = {}
+        grid = compare_with_plain(target, prompts, 20, {"d": drafter}, results=runs[dec], decoder=dec)
+        assert grid["plain"]["decoder"] == grid["d"]["decoder"] == dec and grid["d"]["mismatched_outputs"] == 0
+    for name in ("plain", "d"):
+        assert [r.tokens for r in runs["fast"][name]] == [r.tokens for r in runs["eager"][name]]
+        assert [r.accept_lengths for r in runs["fast"][name]] == [r.accept_lengths for r in runs["eager"][name]]
+
+    def refuse(_):
+        raise ValueError("hybrid")
+    monkeypatch.setattr(fast_decode, "check_plain_attention", refuse)
+    _, st = run_decoding(target, prompts[:1], 8, drafter, decoder="fast")
+    assert st["decoder"] == "eager (recurrent target)"
+    with pytest.raises(ValueError, match="decoder must be one of"):
+        run_decoding(target, prompts[:1], 8, drafter, decoder="cuda-graphs")

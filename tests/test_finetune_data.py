@@ -58,3 +58,22 @@ def test_online_features_equal_the_batch_computed_ones(tiny_pipeline, one_thread
     assert of.computed_rows == 3
     with pytest.raises(KeyError):                               # a row outside the prefetched batch
         of[0]
+
+
+def test_vllm_regeneration_gets_an_absolute_model_directory(tmp_path, monkeypatch):
+    """The vLLM worker runs in its own work directory, so a stage's relative model directory (``../runs/smol/...`` as
+    the notebooks pass it) must reach it as an absolute path; a name that is not a directory passes unchanged."""
+    import os
+    from qdflash import data, serving
+    from qdflash.config import DataConfig, load_config
+    seen = []
+    monkeypatch.setattr(serving, "run_job", lambda job, *a, **k: seen.append(job["target"]) or {"error": "stop\n"})
+    (tmp_path / "runs" / "twin").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "runs")
+    cfg = load_config(DataConfig, "tiny", backend="vllm")
+    tok = type("T", (), {"eos_token_id": 0})()
+    items = [{"id": "a", "prompt_ids": [1, 2]}]
+    for target in ("../runs/twin", "some-org/some-model"):
+        with pytest.raises(RuntimeError, match="vLLM regeneration failed: stop"):
+            data.regenerate_vllm(target, tok, items, cfg, tmp_path / f"p{len(seen)}.jsonl")
+    assert seen == [os.fspath(tmp_path / "runs" / "twin"), "some-org/some-model"]

@@ -55,6 +55,33 @@ def test_one_qad_step_lowers_kl(tiny_pipeline):
         assert abs(float(kl_loss(grid, teacher, batch, 64)[0]) - before) < 1e-6
 
 
+def test_activation_checkpointing_recomputes_layers_with_equal_gradients(tiny_pipeline, tmp_path):
+    """``activation_checkpointing`` (the full preset's): train_qad's student runs each decoder layer again in backward
+    (twice the layer calls of a plain step) and gets the same step: equal KL and latents within fp32 tolerance."""
+    from qdflash.models import load_model, resolve_target
+    from qdflash.qad import train_qad
+    runs = tiny_pipeline["runs"]
+    base = read_json(runs / "00_data" / "config.json")["target"]
+    teacher = load_model(base)
+    rows = read_jsonl(runs / "00_data" / "train.jsonl")[:4]
+    out = {}
+    for ckpt in (False, True):
+        cfg = load_config(QADConfig, "tiny", steps=1, batch_size=4, select_seqs=0, eval_every=10 ** 6,
+                          save_every=10 ** 6, activation_checkpointing=ckpt)
+        student, _, _ = Q.load_fake_quant_model(runs / "01_qad" / names(cfg)["gptq"], resolve_target(base),
+                                                latent_init="jitter")
+        calls = []
+        student.model.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))   # recompute enters it again
+        (tmp_path / f"c{ckpt}").mkdir()
+        log, _ = train_qad(cfg, student, teacher, rows, 0, tmp_path / f"c{ckpt}", tmp_path / f"l{ckpt}.jsonl",
+                           False, None)
+        w = torch.cat([m.weight.detach().flatten() for m in student.modules() if isinstance(m, Q.FakeQuantLinear)])
+        out[ckpt] = (len(calls), log[0]["kl"], w)
+    assert out[True][0] == 2 * out[False][0] > 0
+    assert out[True][1] == pytest.approx(out[False][1], rel=1e-5)
+    torch.testing.assert_close(out[True][2], out[False][2], atol=1e-6, rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def rtn_template(tmp_path_factory):
     """A W4A16 g32 RTN checkpoint of the tiny target written by llmcompressor (the packer's template)."""

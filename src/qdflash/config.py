@@ -78,6 +78,7 @@ class QADConfig:
     micro_batch_size: int = 0       # rows per forward under torchrun (gradient accumulation to batch_size); 0: batch/N
     seed: int = 0
     dtype: str = "float32"
+    activation_checkpointing: bool = False   # recompute each student decoder layer in backward (full: 16K tokens)
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class DrafterConfig:
     save_every: int = 100           # resumable checkpoint every N steps (and at each epoch end)
     micro_batch_size: int = 0       # rows per forward under torchrun (gradient accumulation to batch_size); 0: batch/N
     feature_cache: bool = True      # target features from the on-disk cache; False: a target forward per batch
+    decoder: str = "eager"          # the evaluation grid's decoder: "eager" | "fast" (static caches) | "graphs" (CUDA
+                                    # graphs over the fast path); see speculative.decoder_for
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class DrafterQuantConfig:
     eval_prompts: int = 8
     eval_new_tokens: int = 64
     seed: int = 0
+    decoder: str = "eager"          # as DrafterConfig.decoder
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,7 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
                      scale_dtype="bfloat16"),
         "full": dict(target="Qwen/Qwen3.5-4B", group_size=32, steps=8000, lr=2e-6, batch_size=16,
                      seq_len=16384, calib_samples=512, eval_seqs=512, save_every=1000, dtype="bfloat16", scale_dtype="bfloat16",
+                     activation_checkpointing=True,
                      quant_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                     "down_proj", "in_proj_qkv", "in_proj_z", "out_proj")),
         "qwen35-mini": dict(target="qwen35-mini", group_size=32, steps=2, lr=1e-4, latent_init="jitter", batch_size=2,
@@ -231,8 +236,9 @@ _SMOL_GPU: dict[type, dict[str, Any]] = {
                      max_new_tokens=224, batch_size=1024, val_fraction=0.03, backend="hf"),
     QADConfig: dict(steps=300, batch_size=8, lr=1e-4, eval_every=50, save_every=100),
     DrafterConfig: dict(epochs=4, lr=1e-3, batch_size=32, num_anchors=64, max_len=416, eval_prompts=32,
-                        eval_new_tokens=128, feature_cache=False, eval_random=False, save_every=500),
-    DrafterQuantConfig: dict(eval_prompts=32, eval_new_tokens=128),
+                        eval_new_tokens=128, feature_cache=False, eval_random=False, save_every=500,
+                        decoder="graphs"),
+    DrafterQuantConfig: dict(eval_prompts=32, eval_new_tokens=128, decoder="graphs"),
     EvalConfig: {},
     FiguresConfig: {},
 }
@@ -278,6 +284,8 @@ def _validate(cfg: Any) -> None:
         raise ConfigError(f"train_params must be one of {QAD_TRAIN_PARAMS}")
     if isinstance(cfg, QADConfig) and cfg.latent_init not in LATENT_INITS:
         raise ConfigError(f"latent_init must be one of {LATENT_INITS}")
+    if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.decoder not in ("eager", "fast", "graphs"):
+        raise ConfigError(f"decoder must be 'eager', 'fast' or 'graphs', not {cfg.decoder!r}")
     if isinstance(cfg, DrafterConfig):
         if cfg.block_size < 2:
             raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")

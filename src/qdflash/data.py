@@ -316,7 +316,9 @@ def regenerate_vllm(target_dir: str, tok, items: list[dict], cfg: DataConfig, pa
     if todo:
         index = {it["id"]: i for i, it in enumerate(items)}
         width = max(len(it["prompt_ids"]) for it in todo)
-        job = {"mode": "regenerate", "target": target_dir, "dtype": cfg.dtype, "seed": cfg.seed,
+        # the worker runs in its own directory: a relative model directory (e.g. ../runs/...) must be made absolute
+        target = str(Path(target_dir).resolve()) if Path(target_dir).exists() else target_dir
+        job = {"mode": "regenerate", "target": target, "dtype": cfg.dtype, "seed": cfg.seed,
                "items": [{"id": it["id"], "index": index[it["id"]], "prompt_ids": it["prompt_ids"]} for it in todo],
                "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
                "eos_token_id": tok.eos_token_id, "max_model_len": width + cfg.max_new_tokens,

@@ -244,14 +244,14 @@ def rtn_w8_drafter(src: str | Path, group: int, out_dir: str | Path) -> Path:
 
 def reusable_decodes(path: Path, target: str, prompts: list[list[int]], cfg: DrafterQuantConfig) -> dict:
     """Stage 03's per-prompt results on the QAD target ("plain" and the two-stage drafter as "fp32"), when they were
-    decoded with exactly this stage's settings (same target, prompts, length, greedy fp32); else nothing."""
+    decoded with exactly this stage's settings (same target, prompts, length, greedy fp32, decoder); else nothing."""
     from .speculative import results_from_json
     if not path.exists():
         return {}
     d = read_json(path)
     same = (Path(d["target"]).resolve() == Path(target).resolve() and d["prompts"] == prompts
             and d["max_new_tokens"] == cfg.eval_new_tokens and d["temperature"] == 0.0 and d["dtype"] == "float32"
-            and d["seed"] == cfg.seed)
+            and d["seed"] == cfg.seed and d.get("decoder", "eager") == cfg.decoder)
     if not same:
         return {}
     return {"plain": results_from_json(d["results"]["plain"]), "fp32": results_from_json(d["results"]["two_stage"])}
@@ -298,7 +298,8 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
         # plain decoding does not depend on the drafter window: decoded once (or taken from stage 03)
         res = compare_with_plain(target, prompts, cfg.eval_new_tokens, drafters, 0.0, tok.eos_token_id,
                                  window=swa, seed=cfg.seed, progress=progress,
-                                 reuse=reuse if swa is None else {"plain": per_prompt["plain"]}, results=per_prompt)
+                                 reuse=reuse if swa is None else {"plain": per_prompt["plain"]}, results=per_prompt,
+                                 decoder=cfg.decoder)
         table["plain" if swa is None else "plain_swa"] = res.pop("plain")
         for k, v in res.items():
             table[k + ("" if swa is None else f"-swa{swa}")] = v

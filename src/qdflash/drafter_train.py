@@ -371,11 +371,12 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
         tgt = load_model(tspec, cfg.decode_dtype)
         per_prompt: dict = {}
         grid[tname] = compare_with_plain(tgt, prompts, cfg.eval_new_tokens, drafters, cfg.temperature,
-                                         tok.eos_token_id, seed=cfg.seed, progress=progress, results=per_prompt)
+                                         tok.eos_token_id, seed=cfg.seed, progress=progress, results=per_prompt,
+                                         decoder=cfg.decoder)
         # per-prompt results, so that stage 04 does not decode the same (target, drafter, prompts) again
         write_json(out / f"decode-{tname}.json", {
             "target": tspec, "prompts": prompts, "max_new_tokens": cfg.eval_new_tokens, "dtype": cfg.decode_dtype,
-            "temperature": cfg.temperature, "seed": cfg.seed,
+            "temperature": cfg.temperature, "seed": cfg.seed, "decoder": cfg.decoder,
             "results": {k: results_to_json(v) for k, v in per_prompt.items()}})
         del tgt
     m = finish_run(out, {"train": info, "decoding": grid, "drafters": {"pretrain": str(pre_path),

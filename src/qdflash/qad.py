@@ -216,6 +216,8 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
         p.requires_grad_(True)
     half_steps = torch.cat([(m.weight_scale.detach().float() / 2).flatten() for m in fq.values()])
     median_half = float(half_steps.median())
+    if cfg.activation_checkpointing:     # transformers' per-decoder-layer checkpointing (non-reentrant: FSDP2-safe)
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if dp is not None:                   # FSDP2: the trainable tensors sharded, one unit per decoder layer
         dp.shard(student, student.model.layers, root=student.model)
         latents = [m.weight for m in fq.values()] if "latent" in cfg.train_params else []

@@ -103,9 +103,24 @@ def extra_tables(preset: str, root: Path) -> str:
                                       "`benchmarks/drafter_scaling.py`; block-level tau estimate, 95% CI over "
                                       "held-out conversations)", 4)
                 + "\n![tau against conversations and epochs](figures/smol/fig-drafter-scaling.png)\n")
+        if (root / "02_drafter_pretrain" / "metrics.json").exists():
+            from .scaling import cpu_minutes_table
+            out += "\n" + table_markdown(cpu_minutes_table(root), "The sweep's points in minutes of this 2-core CPU "
+                                          "(projection: stage 00's vLLM rate and stage 02's drafter rate of this run; "
+                                          "`scaling.cpu_minutes_table`)", 4)
     if preset == "smol" and (GPU_RUN / "eval-fp.json").exists():
         out += "\n" + table_markdown(decode_table(), "`smol-gpu` drafters on held-out prompts (one H200, reference "
                                       "decoder, greedy, 128 new tokens; 95% CI over prompts)", 4)
+    if preset == "smol" and (bench / "fast-decode-h200" / "plain-bf16.json").exists():
+        from .gpu_results import plain_decode_table
+        out += "\n" + table_markdown(plain_decode_table(bench / "fast-decode-h200" / "plain-bf16.json"),
+                                      "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
+                                      "(`benchmarks/gpu_fast_decode.py`; `benchmarks/fast-decode-h200/`)", 4)
+    if preset == "smol" and (bench / "fsdp-h200" / "fsdp_steps.jsonl").exists():
+        from .gpu_results import fsdp_table
+        out += "\n" + table_markdown(fsdp_table(bench / "fsdp-h200" / "fsdp_steps.jsonl"),
+                                      "FSDP steps through torchrun on one H200, Qwen3.5-4B shapes, random weights "
+                                      "(`benchmarks/gpu_fsdp.sh`; estimate: `memory_plan.py` for the same shapes)", 4)
     sweeps = sorted((bench / "qad-sweep-h200").glob("*.json")) if preset == "smol" else []
     if sweeps:
         out += "\n" + table_markdown(qad_sweep_table(sweeps), "QAD recipes on the smol data "

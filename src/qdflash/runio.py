@@ -29,14 +29,22 @@ def runs_dir(preset: str) -> Path:
 
 
 def git_sha() -> str:
+    """HEAD's SHA, ``-dirty`` when tracked files differ. The status check can be slow (a fresh worktree or touched
+    files make git re-hash every tracked file, on a loaded CPU for more than 10 s): then the SHA is still recorded,
+    with ``-status-unknown``."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha or "unknown") + ("-dirty" if dirty else "")
+                             timeout=30).stdout.strip()
     except Exception:  # not a git checkout (e.g. an installed wheel)
         return "unknown"
+    if not sha:
+        return "unknown"
+    try:
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=120).stdout.strip()
+    except Exception:
+        return sha + "-status-unknown"
+    return sha + ("-dirty" if dirty else "")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -74,3 +74,23 @@ def scaling_plot(run_dir: Path = GPU_RUN):
     a.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def cpu_minutes_table(smol_root: Path, run_dir: Path = GPU_RUN) -> pd.DataFrame:
+    """What the GPU sweep's points would cost on this CPU: the response tokens of each point regenerated at stage 00's
+    measured vLLM output rate, and trained for the point's epochs at stage 02's measured drafter rate, both from the
+    ``smol`` run under ``smol_root`` (response tokens trained per second: epochs x train conversations x mean response
+    tokens / train time). A projection from two measured rates, not a run: the CPU preset trains 16 anchors per row
+    (the sweep 64) and regenerates 448 prompts (a larger batch-saturated run is faster per token)."""
+    s = read_json(Path(run_dir) / "scaling.json")
+    d = read_json(Path(smol_root) / "00_data" / "metrics.json")
+    t = read_json(Path(smol_root) / "02_drafter_pretrain" / "metrics.json")["train"]
+    regen_rate = d["regeneration"]["output_tokens_per_s"]
+    train_rate = t["epochs"] * d["n_train"] * d["mean_response_tokens"] / t["train_s"]
+    rows = [{"conversations": p["conversations"], "epochs": p["epochs"], "tau estimate": p["tau_est"],
+             "CPU min: regenerate": p["response_tokens"] / regen_rate / 60,
+             "CPU min: train": p["epochs"] * p["response_tokens"] / train_rate / 60} for p in s["points"]]
+    df = pd.DataFrame(rows)
+    df["CPU min: total"] = df["CPU min: regenerate"] + df["CPU min: train"]
+    return df.sort_values(["epochs", "conversations"]).set_index(["conversations", "epochs"]).round(
+        {"tau estimate": 3, "CPU min: regenerate": 0, "CPU min: train": 0, "CPU min: total": 0})

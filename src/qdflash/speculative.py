@@ -266,13 +266,50 @@ def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], res
             "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
 
 
+DECODERS = ("eager", "fast", "graphs")
+
+
+def decoder_for(target, prompts: list[list[int]], max_new_tokens: int, drafter=None, window: int | None = None,
+                decoder: str = "eager"):
+    """``(generate_fn(prompt, max_new_tokens, temperature, eos, seed) -> GenResult, name of the decoder used, close)``.
+
+    ``eager``: ``generate`` (DynamicCache; any target). ``fast``: ``fast_decode.FastDecoder`` (static caches, fixed
+    shapes, the same acceptance code; token-identical to eager in fp32), one per run, reused over the prompts.
+    ``graphs``: the fast path under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), warmed up on the first
+    prompt before any timed call. A target the fast path cannot roll back (hybrid Qwen3.5: recurrent states) falls
+    back to ``eager``, and the name returned says so."""
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, not {decoder!r}")
+    eager = (lambda p, n, t, eos, s: generate(target, p, n, drafter, t, eos, window, s))   # noqa: E731
+    if decoder == "eager" or not prompts:
+        return eager, "eager", lambda: None
+    from .fast_decode import FastDecoder, check_plain_attention
+    try:
+        check_plain_attention(target)
+    except ValueError:
+        return eager, "eager (recurrent target)", lambda: None
+    B = drafter.block_size if drafter is not None else 1
+    fd = FastDecoder(target, drafter, max_len=max(len(p) for p in prompts) + max_new_tokens + B, window=window,
+                     compile=decoder == "graphs")
+    if decoder == "graphs":     # compile, cudagraph warm-up and record: outside every timed call
+        for _ in range(3):
+            fd.generate(prompts[0], min(max_new_tokens, 16 + B))
+    return (lambda p, n, t, eos, s: fd.generate(p, n, t, eos, s)), decoder, fd.close
+
+
 def run_decoding(target, prompts: list[list[int]], max_new_tokens: int, drafter=None, temperature: float = 0.0,
                  eos_token_id: int | None = None, window: int | None = None, seed: int = 0,
-                 progress: bool = False, desc: str = "decode") -> tuple[list[GenResult], dict]:
+                 progress: bool = False, desc: str = "decode", decoder: str = "eager") -> tuple[list[GenResult], dict]:
     from tqdm.auto import tqdm
-    results = [generate(target, p, max_new_tokens, drafter, temperature, eos_token_id, window, seed + i)
-               for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress))]
-    return results, run_stats(results, drafter is not None)
+    gen, used, close = decoder_for(target, prompts, max_new_tokens, drafter, window, decoder)
+    try:
+        results = [gen(p, max_new_tokens, temperature, eos_token_id, seed + i)
+                   for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress))]
+    finally:
+        close()
+    stats = run_stats(results, drafter is not None)
+    stats["decoder"] = used
+    return results, stats
 
 
 def run_stats(results: list[GenResult], speculative: bool) -> dict:
@@ -310,11 +347,11 @@ def results_from_json(rows: list[dict]) -> list[GenResult]:
 
 def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperature=0.0, eos_token_id=None,
                        window=None, seed=0, progress=False, reuse: dict | None = None,
-                       results: dict | None = None) -> dict:
+                       results: dict | None = None, decoder: str = "eager") -> dict:
     """Plain decoding then each drafter on the same prompts: tau (with its bootstrap interval over prompts),
     per-position rates, tokens/s, speedup (with a paired bootstrap interval over prompts), the paired tau difference
     to every other drafter (``paired_tau_diff``), and (greedy) the number of outputs that differ from plain decoding
-    (must be 0).
+    (must be 0). ``decoder``: see ``decoder_for`` (each run's stats name the decoder it used).
 
     ``reuse`` maps "plain" and/or drafter names to results already decoded on exactly these prompts with these
     settings (e.g. by an earlier stage): they are not decoded again, and their stats say ``"reused": true``.
@@ -327,7 +364,8 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
             st = run_stats(rs, d is not None)
             st["reused"] = True
             return rs, st
-        return run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed, progress, name)
+        return run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed, progress, name,
+                            decoder)
     plain, pstats = decode("plain", None, None)
     out = {"plain": pstats}
     runs = {}
