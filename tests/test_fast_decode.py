@@ -228,6 +228,37 @@ def test_stage_grids_decode_with_the_fast_path_and_fall_back_on_hybrids(tiny32, 
         assert [r.tokens for r in runs["fast"][name]] == [r.tokens for r in runs["eager"][name]]
         assert [r.accept_lengths for r in runs["fast"][name]] == [r.accept_lengths for r in runs["eager"][name]]
 
+    # drafters of one shape share one FastDecoder (its own copy, weights copied in per run): two drafters, plus
+    # plain, build two decoders, and the second drafter still decodes as eager does with its own weights
+    built, used = [], []
+    real_init, real_generate = fast_decode.FastDecoder.__init__, fast_decode.FastDecoder.generate
+
+    def counting_init(self, *a, **k):
+        built.append(1)
+        real_init(self, *a, **k)
+
+    def recording_generate(self, *a, **k):         # the weights the decoder's drafter holds at each call
+        if self.drafter is not None:
+            used.append(torch.cat([t.flatten() for t in self.drafter.state_dict().values()]).clone())
+        return real_generate(self, *a, **k)
+    monkeypatch.setattr(fast_decode.FastDecoder, "__init__", counting_init)
+    monkeypatch.setattr(fast_decode.FastDecoder, "generate", recording_generate)
+    other = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=5)
+    pooled, ref = {}, {}
+    compare_with_plain(target, prompts, 20, {"d": drafter, "e": other}, results=pooled, decoder="fast")
+    compare_with_plain(target, prompts, 20, {"e": other}, results=ref, decoder="eager")
+    assert len(built) == 2
+    flat = lambda d: torch.cat([t.flatten() for t in d.state_dict().values()])   # noqa: E731
+    assert [torch.equal(w, flat(drafter)) for w in used] == [True] * len(prompts) + [False] * len(prompts)
+    assert all(torch.equal(w, flat(other)) for w in used[len(prompts):])
+    assert [r.accept_lengths for r in pooled["e"]] == [r.accept_lengths for r in ref["e"]]
+    assert [r.accept_lengths for r in pooled["d"]] == [r.accept_lengths for r in runs["eager"]["d"]]
+    assert all(torch.equal(a, b) for a, b in zip(drafter.state_dict().values(),
+                                                 new_drafter(target, 1, 4, [0, 3], tok.mask_token_id,
+                                                             seed=2).state_dict().values()))   # caller's untouched
+    monkeypatch.setattr(fast_decode.FastDecoder, "__init__", real_init)
+    monkeypatch.setattr(fast_decode.FastDecoder, "generate", real_generate)
+
     def refuse(_):
         raise ValueError("hybrid")
     monkeypatch.setattr(fast_decode, "check_plain_attention", refuse)

@@ -15,6 +15,7 @@ needs neither.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -269,15 +270,27 @@ def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], res
 DECODERS = ("eager", "fast", "graphs")
 
 
+def _drafter_shape(drafter) -> tuple:
+    """What a FastDecoder's buffers and graphs depend on: drafters equal here can share one (weights copied in)."""
+    if drafter is None:
+        return (None,)
+    return (type(drafter).__name__, drafter.block_size, tuple(drafter.target_layer_ids), drafter.mask_token_id,
+            tuple((n, tuple(t.shape), t.dtype, str(t.device)) for n, t in drafter.state_dict().items()))
+
+
 def decoder_for(target, prompts: list[list[int]], max_new_tokens: int, drafter=None, window: int | None = None,
-                decoder: str = "eager"):
+                decoder: str = "eager", pool: dict | None = None):
     """``(generate_fn(prompt, max_new_tokens, temperature, eos, seed) -> GenResult, name of the decoder used, close)``.
 
     ``eager``: ``generate`` (DynamicCache; any target). ``fast``: ``fast_decode.FastDecoder`` (static caches, fixed
     shapes, the same acceptance code; token-identical to eager in fp32), one per run, reused over the prompts.
     ``graphs``: the fast path under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), warmed up on the first
     prompt before any timed call. A target the fast path cannot roll back (hybrid Qwen3.5: recurrent states) falls
-    back to ``eager``, and the name returned says so."""
+    back to ``eager``, and the name returned says so.
+
+    ``pool`` (a dict the caller keeps, then closes with ``close_pool``): runs on the same target with drafters of the
+    same shape and window share one FastDecoder, which holds its own copy of the drafter and gets each run's weights
+    copied into it in place, so compiled graphs are built once per shape, not once per drafter."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, not {decoder!r}")
     eager = (lambda p, n, t, eos, s: generate(target, p, n, drafter, t, eos, window, s))   # noqa: E731
@@ -289,19 +302,38 @@ def decoder_for(target, prompts: list[list[int]], max_new_tokens: int, drafter=N
     except ValueError:
         return eager, "eager (recurrent target)", lambda: None
     B = drafter.block_size if drafter is not None else 1
-    fd = FastDecoder(target, drafter, max_len=max(len(p) for p in prompts) + max_new_tokens + B, window=window,
-                     compile=decoder == "graphs")
+    max_len = max(len(p) for p in prompts) + max_new_tokens + B
+    key = (id(target), _drafter_shape(drafter), window, max_len, decoder)
+    if pool is not None and key in pool:
+        fd = pool[key]
+        if drafter is not None:
+            with torch.no_grad():
+                for mine, theirs in zip(fd.drafter.state_dict().values(), drafter.state_dict().values()):
+                    mine.copy_(theirs)
+        return (lambda p, n, t, eos, s: fd.generate(p, n, t, eos, s)), decoder, lambda: None
+    own = copy.deepcopy(drafter) if (pool is not None and drafter is not None) else drafter
+    fd = FastDecoder(target, own, max_len=max_len, window=window, compile=decoder == "graphs")
     if decoder == "graphs":     # compile, cudagraph warm-up and record: outside every timed call
         for _ in range(3):
             fd.generate(prompts[0], min(max_new_tokens, 16 + B))
+    if pool is not None:
+        pool[key] = fd
+        return (lambda p, n, t, eos, s: fd.generate(p, n, t, eos, s)), decoder, lambda: None
     return (lambda p, n, t, eos, s: fd.generate(p, n, t, eos, s)), decoder, fd.close
+
+
+def close_pool(pool: dict) -> None:
+    for fd in pool.values():
+        fd.close()
+    pool.clear()
 
 
 def run_decoding(target, prompts: list[list[int]], max_new_tokens: int, drafter=None, temperature: float = 0.0,
                  eos_token_id: int | None = None, window: int | None = None, seed: int = 0,
-                 progress: bool = False, desc: str = "decode", decoder: str = "eager") -> tuple[list[GenResult], dict]:
+                 progress: bool = False, desc: str = "decode", decoder: str = "eager",
+                 pool: dict | None = None) -> tuple[list[GenResult], dict]:
     from tqdm.auto import tqdm
-    gen, used, close = decoder_for(target, prompts, max_new_tokens, drafter, window, decoder)
+    gen, used, close = decoder_for(target, prompts, max_new_tokens, drafter, window, decoder, pool)
     try:
         results = [gen(p, max_new_tokens, temperature, eos_token_id, seed + i)
                    for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress))]
@@ -365,7 +397,15 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
             st["reused"] = True
             return rs, st
         return run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed, progress, name,
-                            decoder)
+                            decoder, pool)
+    pool: dict = {}         # one fast decoder per drafter shape: graphs compiled once, weights copied per run
+    try:
+        return _compare(prompts, temperature, drafters, window, results, decode)
+    finally:
+        close_pool(pool)
+
+
+def _compare(prompts, temperature, drafters, window, results, decode) -> dict:
     plain, pstats = decode("plain", None, None)
     out = {"plain": pstats}
     runs = {}
