@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 PRESETS = ("tiny", "smol", "smol-gpu", "full", "qwen35-mini")
+DECODERS = ("eager", "fast", "graphs")     # the stage grids' decoders (speculative.decoder_for)
 LATENT_INITS = ("grid", "jitter")                          # QADConfig.latent_init (quant.load_fake_quant_model)
 DRAFTER_INITS = ("random", "target_norm", "target_layers")  # DrafterConfig.init (drafter.init_from_target)
 QAD_TRAIN_PARAMS = ("latent", "scale", "latent+scale")      # QADConfig.train_params (qad.train_qad)
@@ -284,8 +285,8 @@ def _validate(cfg: Any) -> None:
         raise ConfigError(f"train_params must be one of {QAD_TRAIN_PARAMS}")
     if isinstance(cfg, QADConfig) and cfg.latent_init not in LATENT_INITS:
         raise ConfigError(f"latent_init must be one of {LATENT_INITS}")
-    if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.decoder not in ("eager", "fast", "graphs"):
-        raise ConfigError(f"decoder must be 'eager', 'fast' or 'graphs', not {cfg.decoder!r}")
+    if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.decoder not in DECODERS:
+        raise ConfigError(f"decoder must be one of {DECODERS}, not {cfg.decoder!r}")
     if isinstance(cfg, DrafterConfig):
         if cfg.block_size < 2:
             raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")

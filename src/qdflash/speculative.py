@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .config import DECODERS
 from .drafter import DFlashDraftModel, DraftCache, target_features
 
 
@@ -267,9 +268,6 @@ def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], res
             "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
 
 
-DECODERS = ("eager", "fast", "graphs")
-
-
 def _drafter_shape(drafter) -> tuple:
     """What a FastDecoder's buffers and graphs depend on: drafters equal here can share one (weights copied in)."""
     if drafter is None:
@@ -304,22 +302,21 @@ def decoder_for(target, prompts: list[list[int]], max_new_tokens: int, drafter=N
     B = drafter.block_size if drafter is not None else 1
     max_len = max(len(p) for p in prompts) + max_new_tokens + B
     key = (id(target), _drafter_shape(drafter), window, max_len, decoder)
-    if pool is not None and key in pool:
-        fd = pool[key]
-        if drafter is not None:
-            with torch.no_grad():
-                for mine, theirs in zip(fd.drafter.state_dict().values(), drafter.state_dict().values()):
-                    mine.copy_(theirs)
-        return (lambda p, n, t, eos, s: fd.generate(p, n, t, eos, s)), decoder, lambda: None
-    own = copy.deepcopy(drafter) if (pool is not None and drafter is not None) else drafter
-    fd = FastDecoder(target, own, max_len=max_len, window=window, compile=decoder == "graphs")
-    if decoder == "graphs":     # compile, cudagraph warm-up and record: outside every timed call
-        for _ in range(3):
-            fd.generate(prompts[0], min(max_new_tokens, 16 + B))
-    if pool is not None:
+    fd = pool.get(key) if pool is not None else None
+    if fd is None:
+        own = copy.deepcopy(drafter) if (pool is not None and drafter is not None) else drafter
+        fd = FastDecoder(target, own, max_len=max_len, window=window, compile=decoder == "graphs")
+        if decoder == "graphs":     # compile, cudagraph warm-up and record: outside every timed call
+            for _ in range(3):
+                fd.generate(prompts[0], min(max_new_tokens, 16 + B))
+        if pool is None:
+            return fd.generate, decoder, fd.close
         pool[key] = fd
-        return (lambda p, n, t, eos, s: fd.generate(p, n, t, eos, s)), decoder, lambda: None
-    return (lambda p, n, t, eos, s: fd.generate(p, n, t, eos, s)), decoder, fd.close
+    elif drafter is not None:
+        with torch.no_grad():
+            for mine, theirs in zip(fd.drafter.state_dict().values(), drafter.state_dict().values()):
+                mine.copy_(theirs)
+    return fd.generate, decoder, lambda: None
 
 
 def close_pool(pool: dict) -> None:
@@ -400,33 +397,29 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
                             decoder, pool)
     pool: dict = {}         # one fast decoder per drafter shape: graphs compiled once, weights copied per run
     try:
-        return _compare(prompts, temperature, drafters, window, results, decode)
+        plain, pstats = decode("plain", None, None)
+        out = {"plain": pstats}
+        runs = {}
+        if results is not None:
+            results["plain"] = plain
+        for name, d in drafters.items():
+            res, st = decode(name, d, window)
+            if results is not None:
+                results[name] = res
+            st["speedup"] = st["tokens_per_s"] / max(pstats["tokens_per_s"], 1e-9)
+            if prompts:
+                st["speedup_ci95"] = _speedup_ci95(plain, res)
+            if temperature <= 0:
+                st["mismatched_outputs"] = sum(a.tokens != b.tokens for a, b in zip(plain, res))
+            out[name] = st
+            runs[name] = res
+        for name, res in runs.items():
+            if not out[name]["steps"]:
+                continue
+            keep = ("diff", "diff_ci95", "frac_a_above_b")
+            out[name]["paired_tau_diff"] = {
+                other: {k: v for k, v in paired_bootstrap(res, ores).items() if k in keep}
+                for other, ores in runs.items() if other != name and out[other]["steps"]}
+        return out
     finally:
         close_pool(pool)
-
-
-def _compare(prompts, temperature, drafters, window, results, decode) -> dict:
-    plain, pstats = decode("plain", None, None)
-    out = {"plain": pstats}
-    runs = {}
-    if results is not None:
-        results["plain"] = plain
-    for name, d in drafters.items():
-        res, st = decode(name, d, window)
-        if results is not None:
-            results[name] = res
-        st["speedup"] = st["tokens_per_s"] / max(pstats["tokens_per_s"], 1e-9)
-        if prompts:
-            st["speedup_ci95"] = _speedup_ci95(plain, res)
-        if temperature <= 0:
-            st["mismatched_outputs"] = sum(a.tokens != b.tokens for a, b in zip(plain, res))
-        out[name] = st
-        runs[name] = res
-    for name, res in runs.items():
-        if not out[name]["steps"]:
-            continue
-        keep = ("diff", "diff_ci95", "frac_a_above_b")
-        out[name]["paired_tau_diff"] = {
-            other: {k: v for k, v in paired_bootstrap(res, ores).items() if k in keep}
-            for other, ores in runs.items() if other != name and out[other]["steps"]}
-    return out
