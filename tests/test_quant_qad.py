@@ -145,6 +145,31 @@ def test_pack_checkpoint_equals_independent_quantization(rtn_template, tmp_path,
             Q.pack_checkpoint(student, tmpl, tmp_path / "bad")
 
 
+def test_load_model_dequantizes_compressed_checkpoints(rtn_template):
+    """``models.load_model`` turns a W4A16 checkpoint into plain ``nn.Linear`` layers whose weights are the codes x
+    scales read from the file with safetensors (not the base model's), with the compressed model's fp32 logits;
+    ``dense=False`` keeps transformers' compressed modules."""
+    from compressed_tensors.compressors import unpack_from_int32
+    from safetensors.torch import load_file
+
+    from qdflash.models import load_model
+    base, tmpl = rtn_template
+    dense, packed = load_model(str(tmpl), "float32", "cpu"), load_model(str(tmpl), "float32", "cpu", dense=False)
+    name = "model.layers.1.mlp.down_proj"
+    lin = dense.get_submodule(name)
+    assert type(lin) is torch.nn.Linear and [n for n, _ in lin.named_parameters()] == ["weight"]
+    assert hasattr(packed.get_submodule(name), "weight_packed")
+    st = load_file(str(tmpl / "model.safetensors"))
+    q = unpack_from_int32(st[name + ".weight_packed"], 4, tuple(lin.weight.shape)).float()
+    torch.testing.assert_close(lin.weight, q * st[name + ".weight_scale"].float().repeat_interleave(32, 1),
+                               atol=0, rtol=0)
+    ids = torch.randint(10, 380, (2, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(dense(ids).logits, packed(ids).logits)
+    tied = [m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr() for m in (dense, packed)]
+    assert tied[0] == tied[1] == dense.config.tie_word_embeddings          # tying kept as the checkpoint says
+
+
 def test_packed_qad_checkpoint_equals_its_dense_twin(tiny_pipeline):
     """Stage 01 writes the QAD student twice through independent paths: packed integer codes (compressed-tensors,
     reloaded by transformers) and the dense de-quantized weights of the in-memory student (the twin)."""

