@@ -119,8 +119,9 @@ def extra_tables(preset: str, root: Path) -> str:
     if preset == "smol" and (bench / "fsdp-h200" / "fsdp_steps.jsonl").exists():
         from .gpu_results import fsdp_table
         out += "\n" + table_markdown(fsdp_table(bench / "fsdp-h200" / "fsdp_steps.jsonl"),
-                                      "FSDP steps through torchrun on one H200, Qwen3.5-4B shapes, random weights "
-                                      "(`benchmarks/gpu_fsdp.sh`; estimate: `memory_plan.py` for the same shapes)", 4)
+                                      "FSDP steps through torchrun on one H200: SmolLM2-135M (real weights) and "
+                                      "Qwen3.5-4B shapes (random weights) (`benchmarks/gpu_fsdp.sh`; estimate: "
+                                      "`memory_plan.py` for the same shapes)", 4)
     sweeps = sorted((bench / "qad-sweep-h200").glob("*.json")) if preset == "smol" else []
     if sweeps:
         out += "\n" + table_markdown(qad_sweep_table(sweeps), "QAD recipes on the smol data "

@@ -305,7 +305,10 @@ def decoder_for(target, prompts: list[list[int]], max_new_tokens: int, drafter=N
     fd = pool.get(key) if pool is not None else None
     if fd is None:
         own = copy.deepcopy(drafter) if (pool is not None and drafter is not None) else drafter
-        fd = FastDecoder(target, own, max_len=max_len, window=window, compile=decoder == "graphs")
+        # fullgraph: a graph break (e.g. a compressed-tensors Linear, whose forward dynamo cannot trace) must fail
+        # here, not fall back to recompiling every layer until dynamo's limit and decoding slower than eager
+        fd = FastDecoder(target, own, max_len=max_len, window=window, compile=decoder == "graphs",
+                         fullgraph=decoder == "graphs")
         if decoder == "graphs":     # compile, cudagraph warm-up and record: outside every timed call
             for _ in range(3):
                 fd.generate(prompts[0], min(max_new_tokens, 16 + B))
