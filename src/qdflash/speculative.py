@@ -379,7 +379,7 @@ def results_from_json(rows: list[dict]) -> list[GenResult]:
 
 def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperature=0.0, eos_token_id=None,
                        window=None, seed=0, progress=False, reuse: dict | None = None,
-                       results: dict | None = None, decoder: str = "eager") -> dict:
+                       results: dict | None = None, decoder: str = "eager", on_result=None) -> dict:
     """Plain decoding then each drafter on the same prompts: tau (with its bootstrap interval over prompts),
     per-position rates, tokens/s, speedup (with a paired bootstrap interval over prompts), the paired tau difference
     to every other drafter (``paired_tau_diff``), and (greedy) the number of outputs that differ from plain decoding
@@ -387,7 +387,8 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
 
     ``reuse`` maps "plain" and/or drafter names to results already decoded on exactly these prompts with these
     settings (e.g. by an earlier stage): they are not decoded again, and their stats say ``"reused": true``.
-    ``results``, if given, receives every run's per-prompt results (for a later stage to reuse)."""
+    ``results``, if given, receives every run's per-prompt results (for a later stage to reuse). ``on_result(name,
+    results, stats)`` is called as soon as each run that was not reused has decoded (to save it: a resumable grid)."""
     reuse = reuse or {}
 
     def decode(name, d, win):
@@ -396,8 +397,11 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
             st = run_stats(rs, d is not None)
             st["reused"] = True
             return rs, st
-        return run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed, progress, name,
-                            decoder, pool)
+        rs, st = run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed, progress,
+                              name, decoder, pool)
+        if on_result is not None:
+            on_result(name, rs, st)
+        return rs, st
     pool: dict = {}         # one fast decoder per drafter shape: graphs compiled once, weights copied per run
     try:
         plain, pstats = decode("plain", None, None)
