@@ -30,10 +30,10 @@ def from_rev(rev: str, preset: str, into: Path) -> Path:
 
 def stage_times(d: Path) -> dict[str, float]:
     out = {}
-    for line in (d / "stage_times.txt").read_text().splitlines():
-        name, _, secs = line.partition(" ")
-        if secs.strip().endswith("s"):
-            out[name] = float(secs.strip()[:-1])       # the last line per stage wins (a rerun replaces it)
+    for line in (d / "stage_times.txt").read_text().splitlines():   # make's "NAME 123s" (a stage that failed
+        parts = line.split()                                           # writes no line; a rerun's line wins)
+        if len(parts) == 2 and parts[1].endswith("s"):
+            out[parts[0]] = float(parts[1][:-1])
     return out
 
 
@@ -86,9 +86,11 @@ def main() -> None:
         before = a.before or from_rev(a.before_rev, a.preset, Path(tmp))
         tb, ta = stage_times(before), stage_times(a.after)
         mb, ma = method_numbers(before), method_numbers(a.after)
-    sha = {k: _m(d, "00_data").get("git_sha") for k, d in (("before", before), ("after", a.after))}
+        sha = {k: _m(d, "00_data").get("git_sha") for k, d in (("before", before), ("after", a.after))}
     stages = sorted(set(tb) | set(ta))
     rows = [(s, tb.get(s), ta.get(s)) for s in stages]
+    if set(tb) != set(ta):
+        raise SystemExit(f"the runs have different stages: {sorted(set(tb) ^ set(ta))}")
     tot_b, tot_a = sum(tb.values()), sum(ta.values())
     md = [f"# `make reproduce` ({a.preset}), before vs after\n",
           f"before: {a.before_rev or a.before} (stage 00 at {sha['before']}); after: {a.after} (stage 00 at "

@@ -3,6 +3,7 @@ run is never reused for other weights or other settings."""
 import pytest
 import torch
 
+from qdflash import decode_grid as G
 from qdflash import speculative
 from qdflash.decode_grid import decode_grid, fingerprint
 from qdflash.drafter import new_drafter
@@ -75,6 +76,34 @@ def test_saved_runs_need_the_same_weights_and_settings(grid, tmp_path, monkeypat
     assert seen == ["plain", "a", "b", "c"]                   # other settings: nothing reused
 
 
+def test_a_rewritten_target_or_other_code_reuses_nothing(grid, tmp_path, monkeypatch):
+    """The saved runs name the target's weight files (size, mtime) and the code's git SHA: a stage 01 that rewrote
+    the target, or a code change, decodes everything again; a reused run timed in another process says so."""
+    target, tok, drafters, settings = grid
+    tdir = tmp_path / "qad-target"
+    tdir.mkdir()
+    (tdir / "model.safetensors").write_bytes(b"x" * 10)
+    settings = {**settings, "target": str(tdir)}
+    path = tmp_path / "decode-qad.json"
+    monkeypatch.setattr(G, "git_sha", lambda: "abc")
+    decode_grid(path, target, settings, drafters, tok.eos_token_id)
+    seen = _count_decodes(monkeypatch)
+    monkeypatch.setattr(G, "SESSION", "another process")
+    again = decode_grid(path, target, settings, {**drafters, "d": drafters["a"]}, tok.eos_token_id)
+    assert seen == ["d"]
+    assert again["plain"]["reused"] and again["a"]["reused"] and "reused" not in again["d"]
+    assert again["d"]["speedup_across_sessions"]               # timed here, against a plain run of the first process
+    assert "speedup_across_sessions" not in again["a"]         # both from the first process
+    (tdir / "model.safetensors").write_bytes(b"y" * 11)        # stage 01 rewrote the target
+    seen.clear()
+    decode_grid(path, target, settings, drafters, tok.eos_token_id)
+    assert seen == ["plain", "a", "b", "c"]
+    monkeypatch.setattr(G, "git_sha", lambda: "def")
+    seen.clear()
+    decode_grid(path, target, settings, drafters, tok.eos_token_id)
+    assert seen == ["plain", "a", "b", "c"]
+
+
 def test_fingerprint_follows_the_weights(tiny_target):
     target, tok = tiny_target
     a = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=0)
@@ -83,4 +112,7 @@ def test_fingerprint_follows_the_weights(tiny_target):
     with torch.no_grad():
         next(iter(b.parameters())).view(-1)[0] += 1e-6
     assert fingerprint(a) != fingerprint(b)
+    c = new_drafter(target, 1, 4, [0, 2], tok.mask_token_id, seed=0)      # other layers, the same weights
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values()))
+    assert fingerprint(a) != fingerprint(c)
     assert fingerprint(a) != fingerprint(a.to(torch.bfloat16))

@@ -169,8 +169,10 @@ def decode_bench(runs: Path, bw_gbs: float, n_prompts: int = 6, new_tokens: int 
     floor_tok_s = bw_gbs * 1e9 / wbytes
     res["plain"]["bandwidth_floor_tokens_per_s"] = floor_tok_s
     res["plain"]["fraction_of_floor"] = res["plain"]["tokens_per_s"] / floor_tok_s
-    res["note"] = ("reference decoder, eager PyTorch, bf16, batch 1; W8A16/W4A16 drafters run de-quantized "
-                   "(their speed equals fp32; their tau shows the quantization effect)")
+    res["note"] = ("reference decoder, eager PyTorch, bf16, batch 1; the QAD W4A16 target and the W8A16/W4A16 "
+                   "drafters run de-quantized to bf16 (models.load_model; since 2026-12-03, before which the target "
+                   "ran transformers' compressed modules), so the floor counts the bf16 bytes the decoder reads; "
+                   "the drafters' tau shows the quantization effect, not their speed")
     return res
 
 

@@ -252,9 +252,10 @@ def reusable_decodes(path: Path, target: str, prompts: list[list[int]], cfg: Dra
     same = (Path(d["target"]).resolve() == Path(target).resolve() and d["prompts"] == prompts
             and d["max_new_tokens"] == cfg.eval_new_tokens and d["temperature"] == 0.0 and d["dtype"] == "float32"
             and d["seed"] == cfg.seed and d.get("decoder", "eager") == cfg.decoder)
-    if not same:
+    runs = d.get("results", {})
+    if not same or not {"plain", "two_stage"} <= set(runs):      # other settings, or a grid cut before these runs
         return {}
-    return {"plain": results_from_json(d["results"]["plain"]), "fp32": results_from_json(d["results"]["two_stage"])}
+    return {"plain": results_from_json(runs["plain"]), "fp32": results_from_json(runs["two_stage"])}
 
 
 def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finetune_dir, progress=True):

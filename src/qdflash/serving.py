@@ -62,7 +62,7 @@ def all_cores_env() -> dict:
     if len(cores) < 2 or cores != list(range(cores[0], cores[-1] + 1)):
         return {}
     return {"VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}-{cores[-1]}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-            "OMP_NUM_THREADS": str(len(cores))}
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(len(cores)))}
 
 
 def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900,
