@@ -116,3 +116,33 @@ def test_fingerprint_follows_the_weights(tiny_target):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values()))
     assert fingerprint(a) != fingerprint(c)
     assert fingerprint(a) != fingerprint(a.to(torch.bfloat16))
+
+
+def test_stage04_reads_a_grid_file_and_ignores_a_cut_one(grid, tmp_path, monkeypatch):
+    """Stage 04 takes plain and the two-stage drafter from stage 03's grid file only when both runs are in it."""
+    from qdflash.config import DrafterQuantConfig, load_config
+    from qdflash.drafter_quant import reusable_decodes
+    target, tok, drafters, settings = grid
+    cfg = load_config(DrafterQuantConfig, "tiny", eval_new_tokens=settings["max_new_tokens"])
+    tdir = tmp_path / "qad"
+    tdir.mkdir()
+    settings = {**settings, "target": str(tdir), "dtype": "float32"}
+    path = tmp_path / "decode-qad.json"
+    two = {"pretrain": drafters["a"], "two_stage": drafters["b"]}
+    calls = []
+
+    def cut_after_pretrain(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("cut")
+        return real(*a, **k)
+    real = speculative.run_decoding
+    monkeypatch.setattr(speculative, "run_decoding", cut_after_pretrain)
+    with pytest.raises(RuntimeError, match="cut"):
+        decode_grid(path, target, settings, two, tok.eos_token_id)
+    assert reusable_decodes(path, str(tdir), settings["prompts"], cfg) == {}      # no two-stage run yet
+    monkeypatch.setattr(speculative, "run_decoding", real)
+    stats = decode_grid(path, target, settings, two, tok.eos_token_id)
+    got = reusable_decodes(path, str(tdir), settings["prompts"], cfg)
+    assert set(got) == {"plain", "fp32"} and len(got["fp32"]) == len(settings["prompts"])
+    assert speculative.run_stats(got["fp32"], True)["tau"] == stats["two_stage"]["tau"]
