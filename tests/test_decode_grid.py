@@ -31,25 +31,26 @@ def _count_decodes(monkeypatch):
     return seen
 
 
+def _cut_grid(monkeypatch, at: int, *args) -> None:
+    """``decode_grid(*args)`` killed during its ``at``-th decoding run (1 = plain), as a cut device call would."""
+    real, calls = speculative.run_decoding, []
+
+    def cut(*a, **k):
+        calls.append(1)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(speculative, "run_decoding", cut)
+    with pytest.raises(KeyboardInterrupt):
+        decode_grid(*args)
+    monkeypatch.setattr(speculative, "run_decoding", real)
+
+
 def test_cut_grid_resumes_with_the_missing_runs_only(grid, tmp_path, monkeypatch):
     target, tok, drafters, settings = grid
     full = decode_grid(tmp_path / "full.json", target, settings, drafters, tok.eos_token_id)
     path = tmp_path / "decode-fp.json"
-
-    class Cut(RuntimeError):
-        pass
-    calls = []
-
-    def cut_on_b(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:                  # plain, a, then the cut in b
-            raise Cut()
-        return real(*a, **k)
-    real = speculative.run_decoding
-    monkeypatch.setattr(speculative, "run_decoding", cut_on_b)
-    with pytest.raises(Cut):
-        decode_grid(path, target, settings, drafters, tok.eos_token_id)
-    monkeypatch.setattr(speculative, "run_decoding", real)
+    _cut_grid(monkeypatch, 3, path, target, settings, drafters, tok.eos_token_id)     # plain, a, then cut in b
     seen = _count_decodes(monkeypatch)
     again = decode_grid(path, target, settings, drafters, tok.eos_token_id)
     assert seen == ["b", "c"]                                  # plain and a came from the file
@@ -129,19 +130,8 @@ def test_stage04_reads_a_grid_file_and_ignores_a_cut_one(grid, tmp_path, monkeyp
     settings = {**settings, "target": str(tdir), "dtype": "float32"}
     path = tmp_path / "decode-qad.json"
     two = {"pretrain": drafters["a"], "two_stage": drafters["b"]}
-    calls = []
-
-    def cut_after_pretrain(*a, **k):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("cut")
-        return real(*a, **k)
-    real = speculative.run_decoding
-    monkeypatch.setattr(speculative, "run_decoding", cut_after_pretrain)
-    with pytest.raises(RuntimeError, match="cut"):
-        decode_grid(path, target, settings, two, tok.eos_token_id)
+    _cut_grid(monkeypatch, 3, path, target, settings, two, tok.eos_token_id)          # plain, pretrain, cut
     assert reusable_decodes(path, str(tdir), settings["prompts"], cfg) == {}      # no two-stage run yet
-    monkeypatch.setattr(speculative, "run_decoding", real)
     stats = decode_grid(path, target, settings, two, tok.eos_token_id)
     got = reusable_decodes(path, str(tdir), settings["prompts"], cfg)
     assert set(got) == {"plain", "fp32"} and len(got["fp32"]) == len(settings["prompts"])

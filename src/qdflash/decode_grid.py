@@ -45,20 +45,21 @@ def fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def saved_runs(path: Path, settings: dict, prints: dict[str, str]) -> dict:
+def saved_runs(path: Path, settings: dict, prints: dict[str, str]) -> tuple[dict, dict, dict]:
     """The runs of ``path`` that can stand for this grid: all of its runs when its settings equal ``settings``,
     except drafters whose fingerprint differs; nothing when the settings differ or there is no file.
-    Returns ``(runs, sessions)``."""
+    Returns ``(runs, sessions, decoders)``: the results, and the process and decoder of each kept run."""
     from .speculative import results_from_json
     if not path.exists():
-        return {}, {}
+        return {}, {}, {}
     d = read_json(path)
     if any(d.get(k) != settings[k] for k in SETTINGS):
-        return {}, {}
+        return {}, {}, {}
     old = d.get("drafters", {})
     runs = {name: results_from_json(rows) for name, rows in d.get("results", {}).items()
             if name == "plain" or (name in prints and old.get(name) == prints[name])}
-    return runs, {name: d.get("sessions", {}).get(name) for name in runs}
+    return (runs, {name: d.get("sessions", {}).get(name) for name in runs},
+            {name: d.get("decoder_used", {}).get(name) for name in runs})
 
 
 def decode_grid(path: Path, target, settings: dict, drafters: dict, eos_token_id=None, progress: bool = False) -> dict:
@@ -70,10 +71,8 @@ def decode_grid(path: Path, target, settings: dict, drafters: dict, eos_token_id
     from .speculative import compare_with_plain, results_to_json
     settings = {**settings, "target_files": target_files(settings["target"]), "code": git_sha()}
     prints = {name: fingerprint(d) for name, d in drafters.items()}
-    reuse, sessions = saved_runs(path, settings, prints)
+    reuse, sessions, decoders = saved_runs(path, settings, prints)
     done = {name: results_to_json(rs) for name, rs in reuse.items()}
-    decoders = {name: d for name, d in (read_json(path).get("decoder_used", {}) if reuse else {}).items()
-                if name in reuse}
 
     def save(name, results, stats):
         done[name] = results_to_json(results)

@@ -206,17 +206,16 @@ def load_tokenizer(spec: str):
 _QUANT_SUFFIXES = ("weight_scale", "weight_shape", "weight_zero_point", "weight_g_idx", "weight_global_scale")
 
 
-def _dequantized(path: str, dtype):
+def _dequantized(path: str, cfg, dtype):
     """A compressed-tensors checkpoint as a plain model: every quantized Linear becomes an ``nn.Linear`` holding
     its de-quantized weight (codes x scales in fp32, exact for INT4/INT8 codes and bf16 scales, then cast to
     ``dtype``). The logits equal those of the compressed model, which transformers runs through a quantization
     wrapper on every forward (~18% slower at batch 1 on the CPU for smol); serving speed is vLLM's, not this."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
     ct = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                               quantization_config=CompressedTensorsConfig(dequantize=True))
-    cfg = AutoConfig.from_pretrained(path)
     del cfg.quantization_config
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     state = {k: v for k, v in ct.state_dict().items() if not k.endswith(_QUANT_SUFFIXES)}
@@ -236,10 +235,10 @@ def load_model(spec: str, dtype: str = "float32", device: str | None = None, den
     from .runio import device as default_device, torch_dtype
     device = device or default_device()
     path = resolve_target(spec)
-    qc = getattr(AutoConfig.from_pretrained(path), "quantization_config", None)
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    if dense and str(method) in ("compressed-tensors", "QuantizationMethod.COMPRESSED_TENSORS"):
-        model = _dequantized(path, torch_dtype(dtype))
+    cfg = AutoConfig.from_pretrained(path)
+    qc = getattr(cfg, "quantization_config", None) or {}     # the checkpoint's config.json entry (a dict)
+    if dense and qc.get("quant_method") == "compressed-tensors":
+        model = _dequantized(path, cfg, torch_dtype(dtype))
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     model.to(device).eval()

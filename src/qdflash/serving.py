@@ -280,9 +280,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
                         "greedy_mismatches_vs_plain": sum(a != b for a, b in zip(r["tokens"], plain["tokens"]))})
         table[k] = row
     # the reference decoder on the same prompts (stage 04 table is on the QAD target)
-    ref = {"qad-fp32": dq["table"].get("fp32", {}).get("tau"), "qad-w4a16": dq["table"].get("w4a16", {}).get("tau"),
-           f"qad-w4a16-swa{W}": dq["table"].get(f"w4a16-swa{W}", {}).get("tau"),
-           "qad-w8a16": dq["table"].get("w8a16", {}).get("tau")}
+    ref = {f"qad-{k}": dq["table"].get(k, {}).get("tau") for k in ("fp32", "w4a16", f"w4a16-swa{W}", "w8a16")}
     server = {}
     if serve:
         tok = load_tokenizer(qad_target)
