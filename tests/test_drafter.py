@@ -68,9 +68,11 @@ def test_copy_drafter_reaches_tau_B(tiny_target):
 
 
 @torch.no_grad()
-def test_training_forward_equals_cached_inference_forward(tiny_target):
+@pytest.mark.parametrize("window", [None, 6])
+def test_training_forward_equals_cached_inference_forward(tiny_target, window):
     """All blocks at once under the training block mask (make_batch) give exactly what the decoder's cached forward
-    gives at the same anchors, with the context fed incrementally into one DraftCache as decoding does."""
+    gives at the same anchors, with the context fed incrementally into one DraftCache as decoding does; with a
+    window, the training mask (``train_window``) is the decoders' window (block position k: last W-1-k tokens)."""
     from qdflash.drafter import DraftCache, target_features
     target, tok = tiny_target
     B = 4
@@ -79,7 +81,7 @@ def test_training_forward_equals_cached_inference_forward(tiny_target):
     ids = p + generate(target, p, 24, None).tokens
     row = {"input_ids": ids, "loss_mask": [0] * len(p) + [1] * (len(ids) - len(p))}
     feats = target_features(target(torch.tensor([ids]), output_hidden_states=True).hidden_states, [0, 3])[0]
-    cfg = load_config(DrafterConfig, "tiny", num_anchors=4, block_size=B, max_len=len(ids))
+    cfg = load_config(DrafterConfig, "tiny", num_anchors=4, block_size=B, max_len=len(ids), train_window=window)
     b = make_batch([row], [feats], [0], cfg, tok.mask_token_id, torch.Generator().manual_seed(0), 2.0)
     emb = target.get_input_embeddings()
     ctx = b["ctx"].to(torch.float64)
@@ -89,7 +91,7 @@ def test_training_forward_equals_cached_inference_forward(tiny_target):
     cache, seen = DraftCache(), 0
     for n, a in enumerate(anchors):
         block = emb(torch.tensor([[ids[a]] + [tok.mask_token_id] * (B - 1)]))
-        h = d(block, ctx[:, seen:a], torch.arange(a, a + B)[None], torch.arange(seen, a)[None], cache)
+        h = d(block, ctx[:, seen:a], torch.arange(a, a + B)[None], torch.arange(seen, a)[None], cache, window=window)
         seen = a
         assert len(cache) == a
         ref = train[:, n * B:(n + 1) * B]
@@ -97,6 +99,12 @@ def test_training_forward_equals_cached_inference_forward(tiny_target):
     # and the mask matters: without it every block would see the whole context and the other blocks
     free = d(emb(b["noise_ids"]), ctx, b["q_pos"], b["ctx_pos"])
     assert not torch.allclose(free, train, atol=1e-6)
+    if window:      # and the window matters: the windowless training mask gives other states
+        nowin = make_batch([row], [feats], [0], load_config(DrafterConfig, "tiny", num_anchors=4, block_size=B,
+                                                            max_len=len(ids)),
+                           tok.mask_token_id, torch.Generator().manual_seed(0), 2.0)
+        assert not torch.allclose(d(emb(b["noise_ids"]), ctx, b["q_pos"], b["ctx_pos"], attn_mask=nowin["mask"]),
+                                  train, atol=1e-6)
 
 
 def test_sampled_speculative_decoding_is_seeded(tiny_target):
@@ -149,16 +157,44 @@ def test_swa_window_larger_than_context_changes_nothing(tiny_target):
     a = generate(target, p, 30, d, eos_token_id=tok.eos_token_id)
     b = generate(target, p, 30, d, eos_token_id=tok.eos_token_id, window=10_000)
     assert a.tokens == b.tokens and a.accept_lengths == b.accept_lengths
-    # a window shorter than the context does change the drafter's view
+
+
+@torch.no_grad()
+def test_window_boundary_is_vllms_per_query_rule(tiny_target):
+    """vLLM's rule: block position k sees the last W-1-k context tokens. With 20 context tokens and B=4, W=24 is
+    the smallest window that changes nothing; at W=23 only the last position (k=3, now 19 tokens) changes, which a
+    one-layer drafter shows position by position (an off-by-one or a per-block window would move other rows)."""
     from qdflash.drafter import DraftCache
+    target, tok = tiny_target
+    d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=4).to(torch.float64).eval()
     emb = target.get_input_embeddings()
-    ctx = torch.randn(1, 20, 2 * target.config.hidden_size, dtype=torch.float64)
-    noise = emb(torch.tensor([[p[0]] + [tok.mask_token_id] * 3]))
-    q = torch.arange(20, 24)[None]
-    c = torch.arange(20)[None]
+    ctx = torch.randn(1, 20, 2 * target.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    noise = emb(torch.tensor([[5] + [tok.mask_token_id] * 3]))
+    q, c = torch.arange(20, 24)[None], torch.arange(20)[None]
     full = d(noise, ctx, q, c, DraftCache())
-    assert torch.equal(full, d(noise, ctx, q, c, DraftCache(), window=20))
-    assert not torch.allclose(full, d(noise, ctx, q, c, DraftCache(), window=5))
+    assert torch.allclose(full, d(noise, ctx, q, c, DraftCache(), window=24), rtol=0, atol=1e-12)
+    w23 = d(noise, ctx, q, c, DraftCache(), window=23)
+    same = [torch.allclose(full[0, k], w23[0, k], rtol=0, atol=1e-12) for k in range(4)]
+    assert same == [True, True, True, False]
+    w21 = d(noise, ctx, q, c, DraftCache(), window=21)         # k=1 sees 19, k=2 18, k=3 17; k=0 still all 20
+    assert [torch.allclose(full[0, k], w21[0, k], rtol=0, atol=1e-12) for k in range(4)] == [True, False, False, False]
+    with pytest.raises(ValueError, match="shorter than the block"):
+        d(noise, ctx, q, c, DraftCache(), window=3)
+
+
+def test_training_window_mask_is_the_decode_window():
+    """block_mask(window=W) restricted to one block is drafter.window_mask over that anchor's context."""
+    from qdflash.drafter import window_mask
+    W, B, S = 6, 4, 16
+    anchors = torch.tensor([[3, 9, 14]])
+    m = block_mask(anchors, torch.tensor([S]), S, B, W)[0, 0]
+    for n, a in enumerate(anchors[0].tolist()):
+        rows = m[n * B:(n + 1) * B]
+        ref = window_mask(a, B, W)                                   # keys [context 0..a-1 | block]
+        assert torch.equal(rows[:, :a], ref[:, :a]) and not rows[:, a:S].any()
+        assert torch.equal(rows[:, S + n * B:S + (n + 1) * B], ref[:, a:])
+    assert m[4, :9].nonzero().flatten().tolist() == [4, 5, 6, 7, 8]   # anchor 9, k=0: the last W-1 = 5 tokens
+    assert m[7, :9].nonzero().flatten().tolist() == [7, 8]            # k=3: the last W-1-3 = 2
 
 
 def test_drafter_checkpoint_roundtrip_and_vllm_config(tmp_path, tiny_target):

@@ -115,6 +115,8 @@ class DrafterConfig:
     save_every: int = 100           # resumable checkpoint every N steps (and at each epoch end)
     micro_batch_size: int = 0       # rows per forward under torchrun (gradient accumulation to batch_size); 0: batch/N
     feature_cache: bool = True      # target features from the on-disk cache; False: a target forward per batch
+    train_window: int | None = None # train with the drafter sliding window W (block position k sees the last W-1-k
+                                    # context tokens, vLLM's rule); the checkpoint then says use_swa / swa_window_size
     decoder: str = "eager"          # the evaluation grid's decoder: "eager" | "fast" (static caches) | "graphs" (CUDA
                                     # graphs over the fast path); see speculative.decoder_for
 
@@ -205,7 +207,7 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
     DrafterQuantConfig: {
         "tiny": dict(group_size=32, w8_group_size=32, swa_window=24, calib_convs=4, anchors_per_conv=4,
                      eval_prompts=3, eval_new_tokens=16),
-        "smol": dict(group_size=32, w8_group_size=64, swa_window=64, calib_convs=32, anchors_per_conv=16,
+        "smol": dict(group_size=32, w8_group_size=64, swa_window=16, calib_convs=32, anchors_per_conv=16,
                      eval_prompts=8, eval_new_tokens=64),
         "full": dict(group_size=128, w8_group_size=128, swa_window=1024, calib_convs=256, anchors_per_conv=16,
                      eval_prompts=80, eval_new_tokens=2048),

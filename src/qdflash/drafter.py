@@ -10,8 +10,11 @@
   (``architectures: [DFlashDraftModel]``, ``model_type: qwen3``, ``block_size``, ``dflash_config``).
 
 Inference keeps a per-layer cache of *context* K/V only (block K/V are recomputed each step and never cached,
-which is the reference's ``crop(start)``). ``window`` enables the drafter sliding window: once the drafter
-context exceeds ``window`` tokens, block queries see only the last ``window`` context tokens (plus their block).
+which is the reference's ``crop(start)``). ``window`` W enables the drafter sliding window with vLLM's semantics (a
+per-query window of W - 1 positions back over [context | block], the block bidirectional): block position k sees the
+last W - 1 - k context tokens and its whole block. ``window_mask`` is that rule; the decoders, the training mask
+(``drafter_train.block_mask``) and vLLM's DFlash attention (FlashAttention / CPU sliding window, non-causal) agree on
+it, which tests/test_high_accept.py checks against vLLM itself. W must be at least the block size.
 """
 from __future__ import annotations
 
@@ -56,6 +59,34 @@ def build_drafter_config(target_config, num_layers: int, block_size: int, target
     return cfg
 
 
+def check_window(window: int | None, block_size: int) -> None:
+    if window is not None and int(window) < block_size:
+        raise ValueError(f"drafter window {window} is shorter than the block ({block_size}): the last block positions "
+                         "would see no context and part of their own block")
+
+
+def window_mask(n_ctx: int, block_size: int, window: int, device=None) -> torch.Tensor:
+    """bool [B, n_ctx + B] over keys [the last n_ctx context tokens | block]: block position k sees context index j
+    iff j >= n_ctx - (W - 1 - k), and the whole block (vLLM's per-query window of W - 1 positions back)."""
+    check_window(window, block_size)
+    j = torch.arange(n_ctx, device=device)
+    k = torch.arange(block_size, device=device)
+    ctx = j[None, :] >= n_ctx - (window - 1 - k[:, None])
+    return torch.cat([ctx, torch.ones(block_size, block_size, dtype=torch.bool, device=device)], 1)
+
+
+def resolve_window(drafter, window: int | None) -> int | None:
+    """The window a decoder uses: ``window`` when given (0: none), else the checkpoint's (``dflash_config.use_swa`` /
+    ``swa_window_size``, as vLLM reads it), else none."""
+    if window is None:
+        dc = getattr(getattr(drafter, "config", None), "dflash_config", None) or {}
+        window = int(dc["swa_window_size"]) if dc.get("use_swa") and dc.get("swa_window_size") else None
+    window = int(window) if window else None
+    if drafter is not None:
+        check_window(window, drafter.block_size)
+    return window
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
@@ -98,13 +129,25 @@ class DFlashAttention(Qwen3Attention):
                 ks, vs = [kc], [vc]
         if cache is not None and len(cache.keys) > self.layer_idx:
             ks, vs = [cache.keys[self.layer_idx]], [cache.values[self.layer_idx]]
-        if window is not None and ks and ks[0].shape[2] > window:
-            ks, vs = [ks[0][:, :, -window:]], [vs[0][:, :, -window:]]
+        if window is not None:
+            ks, vs, attn_mask = self._windowed(ks, vs, q_len, window, attn_mask)
         k = torch.cat(ks + [kx], 2)
         v = torch.cat(vs + [vx], 2)
         k, v = repeat_kv(k, self.num_key_value_groups), repeat_kv(v, self.num_key_value_groups)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+    @staticmethod
+    def _windowed(ks, vs, q_len, window, attn_mask):
+        """Inference with a window: keep the last W - 1 context keys and mask them per query (``window_mask``)."""
+        if attn_mask is not None:
+            raise ValueError("window= is for inference; training passes its window inside attn_mask (block_mask)")
+        keep = window - 1
+        if ks and ks[0].shape[2] > keep:
+            ks, vs = [ks[0][:, :, -keep:]], [vs[0][:, :, -keep:]]
+        n_ctx = ks[0].shape[2] if ks else 0
+        return ks, vs, window_mask(n_ctx, q_len, window, device=vs[0].device if vs else None)[None, None]
 
 
 class DFlashDecoderLayer(Qwen3DecoderLayer):
@@ -212,10 +255,12 @@ def effective_norm_weight(norm: torch.nn.Module) -> torch.Tensor:
 
 
 def new_drafter(target, num_layers: int, block_size: int, target_layer_ids, mask_token_id: int,
-                intermediate_size: int | None = None, seed: int = 0, init: str = "random") -> DFlashDraftModel:
+                intermediate_size: int | None = None, seed: int = 0, init: str = "random",
+                sliding_window: int | None = None) -> DFlashDraftModel:
     torch.manual_seed(seed)
+    check_window(sliding_window, block_size)
     cfg = build_drafter_config(target.config, num_layers, block_size, target_layer_ids, mask_token_id,
-                               intermediate_size)
+                               intermediate_size, sliding_window)
     d = DFlashDraftModel(cfg).to(target.dtype)
     init_from_target(d, target, init)
     return d

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from . import distributed
 from .config import DrafterConfig, default_gamma
 from .data import load_split, regenerate_rows
-from .drafter import DFlashDraftModel, load_drafter, new_drafter, save_drafter, target_features
+from .drafter import DFlashDraftModel, check_window, load_drafter, new_drafter, save_drafter, target_features
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
 from .runio import atomic_write_text, finish_run, read_json, read_jsonl, start_run, thin, torch_dtype, write_json
 
@@ -62,12 +62,18 @@ def sample_anchors(loss_mask: list[int], n_max: int, gen: torch.Generator) -> li
     return sorted(cand[i] for i in pick)
 
 
-def block_mask(anchors: torch.Tensor, ctx_len: torch.Tensor, S: int, B: int) -> torch.Tensor:
-    """bool [b, 1, N*B, S + N*B]: block n sees context j < anchor_n (and j < valid length) plus its own block."""
+def block_mask(anchors: torch.Tensor, ctx_len: torch.Tensor, S: int, B: int,
+               window: int | None = None) -> torch.Tensor:
+    """bool [b, 1, N*B, S + N*B]: block n sees context j < anchor_n (and j < valid length) plus its own block; with a
+    ``window`` W, block position k sees only j >= anchor_n - (W - 1 - k) (``drafter.window_mask``, vLLM's rule)."""
     b, N = anchors.shape
     j = torch.arange(S)
     a = anchors.repeat_interleave(B, 1)                                       # [b, N*B]
     ctx = (j[None, None, :] < a[:, :, None]) & (j[None, None, :] < ctx_len[:, None, None])
+    if window is not None:
+        check_window(window, B)
+        k = torch.arange(B).repeat(N)                                         # position inside its block
+        ctx = ctx & (j[None, None, :] >= (a - (window - 1 - k))[:, :, None])
     blk = torch.arange(N).repeat_interleave(B)
     own = blk[:, None] == blk[None, :]                                        # [N*B, N*B]
     return torch.cat([ctx, own[None].expand(b, -1, -1)], -1)[:, None]
@@ -111,7 +117,7 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
     w = keep[:, :, None] * inb * sup * decay
     noise = torch.full((b, N, B), mask_id, dtype=torch.long)
     noise[:, :, 0] = torch.where(keep.bool(), torch.gather(ids, 1, anchors), torch.full_like(anchors, mask_id))
-    mask = block_mask(anchors, lens, S, B)
+    mask = block_mask(anchors, lens, S, B, cfg.train_window)
     # a padded (unused) block must still see something: let it see its own block only (weight 0 anyway)
     return {"noise_ids": noise.reshape(b, -1), "q_pos": pos.reshape(b, -1), "ctx": ctx,
             "ctx_pos": torch.arange(S)[None].expand(b, -1), "mask": mask, "labels": labels.reshape(b, -1),
@@ -297,7 +303,7 @@ def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -
     feats = stage_features(target, resolve_target(target_spec), rows, cfg, progress)
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
                     mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed,
-                    cfg.init).to(target.device)
+                    cfg.init, cfg.train_window).to(target.device)
     path, info = _train_one(drafter_name(cfg, "pretrain"), d, target, rows, feats, cfg, cfg.epochs, out, progress)
     n_params = sum(p.numel() for p in d.parameters())
     if dp is not None:
@@ -347,7 +353,7 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                                             ft_epochs, out, progress)
     direct = new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
                          mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed,
-                         cfg.init).to(qad_target.device)
+                         cfg.init, cfg.train_window).to(qad_target.device)
     dr_path, info["direct"] = _train_one(drafter_name(cfg, "direct"), direct, qad_target, rows, feats, cfg,
                                          cfg.epochs + ft_epochs, out, progress)
     if dp is not None:

@@ -12,7 +12,7 @@ graph that ``torch.compile(mode="reduce-overhead")`` can capture once and replay
 * **Drafter context K/V**: per drafter layer one buffer ``[1, n_kv, C + B, d]``: context slots ``[0, C)`` written by
   position (append = write the last verify block's B positions at its start; trim = the valid length is the new
   start, later slots are masked and overwritten), then B slots for the block's own K/V. The sliding window is a
-  mask by index (context keys in ``[start - window, start)``).
+  mask by index (block position k sees context keys in ``[start - (window - 1 - k), start)``, ``drafter.window_mask``).
 * **Target features**: forward hooks on the ``target_layer_ids`` decoder layers (on the final norm for the last
   layer, which is what HF ``hidden_states[-1]`` holds) keep only those layers' outputs.
 * **Graphs**: plain step (1 token), verify step (B tokens) and draft step read and write only static buffers, so
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.models.qwen3.modeling_qwen3 import repeat_kv
 
-from .drafter import DFlashDraftModel, _rope
+from .drafter import DFlashDraftModel, _rope, resolve_window
 from .speculative import GenResult, _sample, _sync, accept_drafts, emit_tokens
 
 
@@ -122,9 +122,7 @@ class FastDecoder:
     def _init_drafter(self, d: DFlashDraftModel, window: int | None) -> None:
         B, dev, dtype = self.B, self.device, next(d.parameters()).dtype
         cfg = d.config
-        if window is None and cfg.dflash_config.get("use_swa"):
-            window = int(cfg.dflash_config["swa_window_size"])
-        self.window = window
+        self.window = resolve_window(d, window)
         self.layer_ids = d.target_layer_ids
         layers = self.target.base_model.layers
         for l in sorted(set(self.layer_ids)):
@@ -139,7 +137,8 @@ class FastDecoder:
         self.feats = torch.zeros(1, B, n_feat, dtype=next(self.target.parameters()).dtype, device=dev)
         self.dpos = torch.zeros(2, dtype=torch.long, device=dev)      # (block start, previous block start)
         self.mask_ids = torch.full((1, B - 1), d.mask_token_id, dtype=torch.long, device=dev)
-        self._static += self.dk + self.dv + [self.feats, self.dpos, self.mask_ids]
+        self.krange = torch.arange(B, device=dev)
+        self._static += self.dk + self.dv + [self.feats, self.dpos, self.mask_ids, self.krange]
 
     def _capture_hook(self, layer: int):
         def hook(module, args, out) -> None:
@@ -201,10 +200,10 @@ class FastDecoder:
         h = self.embed(torch.cat([self.ids[:, :1], self.mask_ids], dim=1))
         cos, sin = d.rotary_emb(h, (start + torch.arange(B, device=self.device))[None])
         kpos = torch.arange(C, device=self.device)
-        valid = kpos < start
-        if self.window is not None:
-            valid = valid & (kpos >= start - self.window)
-        mask = torch.cat([valid.expand(B, C), torch.ones(B, B, dtype=torch.bool, device=self.device)], 1)[None, None]
+        valid = (kpos < start).expand(B, C)
+        if self.window is not None:      # block position k sees the last W-1-k context tokens (drafter.window_mask)
+            valid = valid & (kpos[None, :] >= start - (self.window - 1 - self.krange)[:, None])
+        mask = torch.cat([valid, torch.ones(B, B, dtype=torch.bool, device=self.device)], 1)[None, None]
         for i, layer in enumerate(d.layers):
             a = layer.self_attn
             x = layer.input_layernorm(h)

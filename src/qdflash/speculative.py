@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import DECODERS
-from .drafter import DFlashDraftModel, DraftCache, target_features
+from .drafter import DFlashDraftModel, DraftCache, resolve_window, target_features
 
 
 @dataclass
@@ -119,6 +119,7 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
     gen = torch.Generator(device=dev).manual_seed(seed) if temperature > 0 else None
     B = drafter.block_size if drafter is not None else 1
     layer_ids = drafter.target_layer_ids if drafter is not None else []
+    window = resolve_window(drafter, window) if drafter is not None else None
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     res = GenResult(tokens=[], block_size=B)
 
@@ -291,6 +292,7 @@ def decoder_for(target, prompts: list[list[int]], max_new_tokens: int, drafter=N
     copied into it in place, so compiled graphs are built once per shape, not once per drafter."""
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, not {decoder!r}")
+    window = resolve_window(drafter, window) if drafter is not None else None
     eager = (lambda p, n, t, eos, s: generate(target, p, n, drafter, t, eos, window, s))   # noqa: E731
     if decoder == "eager" or not prompts:
         return eager, "eager", lambda: None
