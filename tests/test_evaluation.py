@@ -79,3 +79,23 @@ def test_max_gen_toks_overrides_the_tasks_and_items_are_logged(tmp_path):
     for t, key in tasks.items():
         items = item_scores(samples, t, key)
         assert len(items) == n[t] and sum(items) / len(items) == pytest.approx(results[t][key])
+
+
+def test_compressed_checkpoints_are_evaluated_dense_with_the_same_scores(tiny_pipeline, tmp_path):
+    """Stage 06 hands lm-eval the QAD W4A16 checkpoint de-quantized once instead of transformers' compressed modules:
+    the same model, so every logged response and score must be identical to the compressed path's (a wrong scale
+    layout or a missed layer in the de-quantization would change the greedy answers and log-likelihoods)."""
+    from qdflash.evaluation import _compressed, _dense_hflm, _evaluate, ensure_punkt_tab, write_local_tasks
+    from qdflash.runio import read_json
+    ensure_punkt_tab()
+    qad = tiny_pipeline["runs"] / "01_qad"
+    path = str(qad / read_json(qad / "metrics.json")["names"]["qad"])
+    assert _compressed(path) and not _compressed(str(tmp_path))
+    cfg = load_config(EvalConfig, "tiny", n_mc=3, n_ifeval=2, n_gpqa=2, max_gen_toks=8)
+    tasks = write_local_tasks(tmp_path / "tasks", cfg)
+    dense = _evaluate(_dense_hflm(path, cfg, None), tasks, tmp_path / "tasks", cfg)
+    comp = _evaluate("hf", tasks, tmp_path / "tasks", cfg, hf_model_args(path, cfg, None))
+    assert dense[0] == comp[0] and dense[1] == comp[1]
+    for t in tasks:
+        resp = [[s["doc_id"], s["filter"], s["resps"]] for s in dense[2][t]]
+        assert resp == [[s["doc_id"], s["filter"], s["resps"]] for s in comp[2][t]] and resp

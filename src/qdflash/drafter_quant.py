@@ -316,6 +316,9 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
                          "disk_bytes": sizes, "params": params, "bf16_bytes": params * 2,
                          "swa_window": cfg.swa_window, "eval_prompts": len(prompts),
                          "prompt_len_mean": sum(ctx_lens) / max(1, len(ctx_lens)),
+                         # SWA is measured where it matters: the share of prompts at least 4x the window long
+                         "prompts_at_least_4x_window": sum(n >= 4 * cfg.swa_window for n in ctx_lens)
+                         / max(1, len(ctx_lens)),
                          "eval_new_tokens": cfg.eval_new_tokens, "timings": timings,
                          # rows taken from stage 03's decodes: their tokens/s were timed in stage 03's process, so
                          # speedups of this stage's fresh rows against them compare two runs on the same machine

@@ -379,11 +379,37 @@ def gate_scores(results: dict, n_samples: dict, tasks: dict[str, str], threshold
     return out
 
 
+def _compressed(path: str | None) -> bool:
+    """A compressed-tensors checkpoint (the RTN / GPTQ / QAD W4A16 targets)."""
+    cfg = Path(path or "") / "config.json"
+    if not path or not cfg.exists():
+        return False
+    return (json.loads(cfg.read_text()).get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
+
+
+def _dense_hflm(path: str, cfg: EvalConfig, thinking: bool | None):
+    """lm-eval's ``hf`` backend over the checkpoint de-quantized once (``models.load_model``: exact codes x scales,
+    the same logits) instead of transformers' compressed modules, which de-quantize on every forward. The model
+    arguments are those of ``hf_model_args``; tests/test_evaluation.py checks the per-item responses are identical."""
+    from lm_eval.models.huggingface import HFLM
+
+    from .models import load_model, load_tokenizer
+    kw = {"enable_thinking": thinking} if thinking is not None else {}
+    if thinking:
+        kw["think_end_token"] = THINK_END
+    return HFLM(pretrained=load_model(path, cfg.dtype), tokenizer=load_tokenizer(path), batch_size=cfg.batch_size,
+                **kw)
+
+
 def _evaluate_model(model, tasks, task_dir, cfg: EvalConfig, path: str | None = None):
-    """All task groups of one model (hf backend when ``path`` is given, else the LM instance ``model``)."""
+    """All task groups of one model (hf backend when ``path`` is given, else the LM instance ``model``); a
+    compressed checkpoint is evaluated de-quantized (``_dense_hflm``)."""
     results, n, samples = {}, {}, {}
     for thinking, group in task_groups(cfg, tasks):
-        r, k, s = _evaluate(model, group, task_dir, cfg, hf_model_args(path, cfg, thinking) if path else None)
+        if path and _compressed(path):
+            r, k, s = _evaluate(_dense_hflm(path, cfg, thinking), group, task_dir, cfg)
+        else:
+            r, k, s = _evaluate(model, group, task_dir, cfg, hf_model_args(path, cfg, thinking) if path else None)
         results.update(r)
         n.update(k)
         samples.update(s)
