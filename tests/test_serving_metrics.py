@@ -1,5 +1,8 @@
-"""vLLM acceptance intervals are taken over prompts (from per-prompt counter deltas), not over draft steps."""
-from qdflash.serving import vllm_acceptance_ci
+"""Stage 05's statistics without vLLM: acceptance intervals over prompts (from per-prompt counter deltas), not over
+draft steps; latency percentiles only where the sample supports them; why a speculative greedy output differs."""
+import pytest
+
+from qdflash.serving import latency_summary, mismatch_causes, vllm_acceptance_ci
 
 
 def test_vllm_tau_interval_is_over_prompts():
@@ -15,3 +18,28 @@ def test_vllm_tau_interval_is_over_prompts():
     same = vllm_acceptance_ci([{"drafts": 10, "accepted": 4, "accepted_per_pos": [3, 1]}] * 5)
     assert same["tau_ci95"] == [1.4, 1.4] and same["per_position_ci95"] == [[0.3, 0.3], [0.1, 0.1]]
     assert vllm_acceptance_ci([{"drafts": 0, "accepted": 0, "accepted_per_pos": []}]) == {}
+
+
+def test_percentiles_need_two_requests_above_them():
+    lat = [float(i) for i in range(1, 20)]                 # 19 requests: p50 yes, p90 no
+    s = latency_summary(lat)
+    assert s["n"] == 19 and s["max_s"] == 19.0 and s["p50_s"] == 10.0 and "p90_s" not in s
+    s = latency_summary(lat + [20.0])                      # 20: p90 by the inclusive method, 1 + 0.9 * 19
+    assert s["p90_s"] == pytest.approx(18.1) and "p99_s" not in s and s["mean_s"] == pytest.approx(10.5)
+    assert "p50_s" not in latency_summary([1.0, 2.0, 3.0])
+    assert latency_summary([]) == {"n": 0, "mean_s": None, "max_s": None}
+
+
+def test_mismatch_causes_point_at_the_first_differing_token(tiny_target):
+    from qdflash.speculative import generate
+    target, tok = tiny_target
+    prompts = [tok.encode("the cat sat on"), tok.encode("a dog ran to")]
+    plain = [generate(target, p, 12).tokens for p in prompts]
+    spec = [list(plain[0]), list(plain[1])]
+    spec[1][5] = (spec[1][5] + 1) % len(tok)                # one changed token, then the rest as plain
+    out = mismatch_causes("tiny", prompts, plain, spec)
+    assert len(out) == 1 and out[0]["prompt"] == 1 and out[0]["position"] == 5
+    assert out[0]["plain_token"] == plain[1][5] and out[0]["spec_token"] == spec[1][5]
+    # the fp32 reference recomputes plain greedy's choice there, with a positive top-2 margin
+    assert out[0]["reference_agrees_with"] == "plain" and out[0]["margin"] > 0
+    assert mismatch_causes("tiny", prompts, plain, plain) == []

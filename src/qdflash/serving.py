@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import statistics
@@ -114,6 +115,45 @@ def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = 2000, seed: int 
 
 
 # ----------------------------------------------------------------------------------------------- server
+def latency_summary(lat: list[float]) -> dict:
+    """n, mean and max of request latencies, and a percentile only where the sample supports it: p_q needs at least
+    two requests above it, n >= 2 / (1 - q) (p50: 4, p90: 20, p99: 200), inclusive method (the sample's own range)."""
+    out = {"n": len(lat), "mean_s": statistics.fmean(lat) if lat else None, "max_s": max(lat) if lat else None}
+    for q in (50, 90, 99):
+        if len(lat) >= math.ceil(200 / (100 - q)):
+            out[f"p{q}_s"] = statistics.quantiles(lat, n=100, method="inclusive")[q - 1]
+    return out
+
+
+def mismatch_causes(target: str, prompts: list[list[int]], plain: list[list[int]], spec: list[list[int]],
+                    dtype: str = "float32") -> list[dict]:
+    """Why a speculative output differs from plain greedy (both bf16 on vLLM): for each differing output, the first
+    differing position, both tokens, and the target's top-2 logit margin there recomputed in ``dtype`` by transformers
+    on the common prefix. A margin far below bf16's resolution of the logits (~0.06 at |logit| ~ 16) is a near-tie
+    that a different kernel shape (a B-token verify vs a 1-token step) can flip; a large margin would be a bug."""
+    import torch
+
+    from .models import load_model
+    rows = [(i, next((j for j, (a, b) in enumerate(zip(p, s)) if a != b), min(len(p), len(s))))
+            for i, (p, s) in enumerate(zip(plain, spec)) if p != s]
+    if not rows:
+        return []
+    model = load_model(target, dtype, "cpu")
+    out = []
+    with torch.no_grad():
+        for i, j in rows:
+            ids = torch.tensor([prompts[i] + plain[i][:j]])
+            logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+            top = torch.topk(logits, 2)
+            a = plain[i][j] if j < len(plain[i]) else None
+            b = spec[i][j] if j < len(spec[i]) else None
+            out.append({"prompt": i, "position": j, "plain_token": a, "spec_token": b,
+                        "margin": float(top.values[0] - top.values[1]), "reference_token": int(top.indices[0]),
+                        "reference_agrees_with": "plain" if a == int(top.indices[0]) else
+                        "speculative" if b == int(top.indices[0]) else "neither"})
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,7 +171,9 @@ def _post(url: str, body: bytes, timeout=120) -> tuple[int, dict | str, float]:
 
 
 def serve_and_probe(target: str, drafter: str | None, B: int, prompts: list[str], max_tokens: int,
-                    max_model_len: int, work: Path, concurrency=(1, 4, 8)) -> dict:
+                    max_model_len: int, work: Path, concurrency=(1, 4, 8), requests_per_level: int = 20) -> dict:
+    """``vllm serve`` of the target (+ drafter), then per concurrency level ``requests_per_level`` (at least 2 per
+    client) completions timed end to end (``latency_summary``), then malformed / over-long requests."""
     work = Path(work).resolve()
     port = _free_port()
     cmd = [str(vllm_python().parent / "vllm"), "serve", target, "--host", "127.0.0.1", "--port", str(port),
@@ -164,7 +206,7 @@ def serve_and_probe(target: str, drafter: str | None, B: int, prompts: list[str]
         for c in concurrency:
             lat, toks, errs = [], [0], [0]
             lock = threading.Lock()
-            reqs = [prompts[i % len(prompts)] for i in range(max(c * 2, len(prompts[:c * 2])))]
+            reqs = [prompts[i % len(prompts)] for i in range(max(c * 2, requests_per_level))]
 
             def worker(items):
                 for p in items:
@@ -183,8 +225,7 @@ def serve_and_probe(target: str, drafter: str | None, B: int, prompts: list[str]
             for t in ths:
                 t.join()
             wall = time.time() - t1
-            q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99 if lat else [float("nan")] * 99
-            load[str(c)] = {"requests": len(reqs), "errors": errs[0], "p50_s": q[49], "p90_s": q[89], "p99_s": q[98],
+            load[str(c)] = {"requests": len(reqs), "errors": errs[0], **latency_summary(lat),
                             "output_tokens_per_s": toks[0] / wall, "wall_s": wall}
         out["load"] = load
         faults = {}
@@ -279,6 +320,14 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
                         "speedup_vs_plain": r["output_tokens_per_s"] / plain["output_tokens_per_s"],
                         "greedy_mismatches_vs_plain": sum(a != b for a, b in zip(r["tokens"], plain["tokens"]))})
         table[k] = row
+    # greedy with vs without speculation: where they differ, the first differing position and why (mismatch_causes)
+    targets = {"fp": fp_target, "qad": qad_target}
+    causes = {}
+    for k, r in jobs.items():
+        tname = k.split("-")[0]
+        if "error" not in r and "tau" in r and table[k]["greedy_mismatches_vs_plain"]:
+            causes[k] = mismatch_causes(targets[tname], prompts, jobs[f"{tname}-plain"]["tokens"], r["tokens"])
+            table[k]["mismatch_margins"] = [round(c["margin"], 4) for c in causes[k]]
     # the reference decoder on the same prompts (stage 04 table is on the QAD target)
     ref = {f"qad-{k}": dq["table"].get(k, {}).get("tau") for k in ("fp32", "w4a16", f"w4a16-swa{W}", "w8a16")}
     server = {}
@@ -289,7 +338,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             server = serve_and_probe(qad_target, drafters["w4a16"], B, texts, max_tokens, max_model_len, work)
         except Exception as e:
             server = {"error": repr(e)}
-    m = finish_run(out, {"offline": table, "reference_tau": ref, "server": server, "prompts": len(prompts),
+    m = finish_run(out, {"offline": table, "mismatch_causes": causes, "reference_tau": ref, "server": server, "prompts": len(prompts),
                          "max_tokens": max_tokens, "block_size": B, "sites": _sites()}, t0)
     return ServingResult(out, m)
 

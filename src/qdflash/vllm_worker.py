@@ -41,7 +41,9 @@ def run(job: dict) -> dict:
         gen_s += time.time() - t0
         now = _counters(llm)
         d = {k: _sub(now.get(k), before.get(k)) for k in now}
-        per_prompt.append({"drafts": d.get("vllm:spec_decode_num_drafts") or 0,
+        per_prompt.append({"s": time.time() - t0, "prompt_tokens": len(p["prompt_token_ids"]),
+                           "output_tokens": len(outs[-1].outputs[0].token_ids),
+                           "drafts": d.get("vllm:spec_decode_num_drafts") or 0,
                            "accepted": d.get("vllm:spec_decode_num_accepted_tokens") or 0,
                            "accepted_per_pos": d.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []})
         before = now
