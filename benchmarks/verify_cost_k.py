@@ -1,0 +1,136 @@
+"""vLLM on this CPU, batch 1 (issue 16, item 5): the cost of a speculative step against the number of drafted tokens k,
+the speedup it buys, and per-request latency at short, medium and long prompts.
+
+One ``vllm_worker`` job per configuration, all in one run on the same machine: plain decoding of the FP bf16 target
+and of the QAD W4A16 target, then the QAD target with a DFlash drafter at each k of ``--ks`` (and with the drafter
+sliding window at the chosen k when ``--swa`` is given). Per configuration: tokens/s, vLLM's tau (bonus counted) and
+per-position acceptance with 95% bootstrap intervals over prompts, the time per speculative step (generate time /
+draft steps: drafter + verify + sampling and scheduling, since vLLM's CPU path does not split them), and per-request
+latency in the three prompt-length terciles of the held-out prompts. The paper's competition score is the mean over
+the three terciles of baseline_ms / ms, baseline = the faster plain target.
+
+``--accept`` projects, from the measured step times, the speedup a drafter with the given per-position acceptance
+(e.g. the GPU-trained drafter's) would reach at each k: tau(k) = 1 + sum_{i<k} a_i, tok/s = tau(k) / t_step(k).
+
+    .venv/bin/python benchmarks/verify_cost_k.py --runs runs/smol --out benchmarks/cpu-verify-cost-k.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+
+def terciles(data_dir: Path, per_bucket: int) -> dict[str, list[list[int]]]:
+    from qdflash.data import load_split
+    rows = sorted(load_split(data_dir, "val"), key=lambda r: (r["prompt_len"], r["id"] if "id" in r else 0))
+    n = len(rows)
+    pick = {"short": rows[: n // 3], "medium": rows[n // 3: 2 * n // 3], "long": rows[2 * n // 3:]}
+    out = {}
+    for name, rs in pick.items():
+        step = max(1, len(rs) // per_bucket)
+        out[name] = [r["input_ids"][: r["prompt_len"]] for r in rs[::step][:per_bucket]]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", default="runs/smol", help="a finished run: 00_data, 01_qad, 04_drafter_quant")
+    ap.add_argument("--drafter", default=None, help="drafter checkpoint (default: stage 04's W4A16 GPTQ)")
+    ap.add_argument("--ks", default="1,2,3,5,7")
+    ap.add_argument("--per-bucket", type=int, default=4, help="prompts per length tercile")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--swa", type=int, default=0, help="also the drafter window W at the best k (0: no)")
+    ap.add_argument("--accept", default=None, help="JSON list of per-position acceptance to project (optional)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    from qdflash.models import resolve_target
+    from qdflash.runio import read_json, write_json
+    from qdflash.serving import run_job, vllm_acceptance_ci
+    runs = Path(a.runs).resolve()
+    qm = read_json(runs / "01_qad" / "metrics.json")
+    qad = str((runs / "01_qad" / qm["names"]["qad"]).resolve())
+    fp = resolve_target(read_json(runs / "00_data" / "config.json")["target"])
+    fp = str(Path(fp).resolve()) if Path(fp).exists() else fp
+    if a.drafter:
+        drafter = str(Path(a.drafter).resolve())
+    else:
+        dq = read_json(runs / "04_drafter_quant" / "metrics.json")
+        drafter = str((runs / "04_drafter_quant" / dq["checkpoints"]["w4a16"]).resolve())
+    B = read_json(Path(drafter) / "config.json")["block_size"]
+    ks = [k for k in (int(x) for x in a.ks.split(",")) if 1 <= k <= B - 1]
+    buckets = terciles(runs / "00_data", a.per_bucket)
+    prompts = [p for b in ("short", "medium", "long") for p in buckets[b]]
+    which = [b for b in ("short", "medium", "long") for _ in buckets[b]]
+    work = Path(a.out).with_suffix("").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    base = {"prompts": prompts, "max_tokens": a.max_tokens, "max_model_len": 2048, "dtype": "bfloat16"}
+
+    def job(name, target, k=None, env=None):
+        t0 = time.time()
+        r = run_job({**base, "target": target, "drafter": drafter if k else None, "num_speculative_tokens": k or 0},
+                    work, name, env)
+        if "error" in r:
+            raise RuntimeError(f"{name}: {r['error']}")
+        row = {"tokens_per_s": r["output_tokens_per_s"], "generate_s": r["generate_s"], "init_s": r["init_s"],
+               "output_tokens": r["output_tokens"], "wall_s": time.time() - t0, "tokens": r["tokens"],
+               "latency_s": {b: [p["s"] for p, w in zip(r["per_prompt"], which) if w == b]
+                             for b in ("short", "medium", "long")}}
+        if k:
+            drafts = r["counters"].get("vllm:spec_decode_num_drafts") or 0
+            row.update({"k": k, "tau": r.get("tau"), "per_position": r.get("per_position"), "drafts": drafts,
+                        "step_s": r["generate_s"] / max(1, drafts), **vllm_acceptance_ci(r["per_prompt"])})
+        else:
+            row["step_s"] = r["generate_s"] / max(1, r["output_tokens"])
+        print(f"{name}: {row['tokens_per_s']:.1f} tok/s, step {1e3 * row['step_s']:.1f} ms"
+              + (f", tau {row['tau']:.3f}" if k else ""), flush=True)
+        return row
+
+    res = {"fp-plain": job("fp-plain", fp), "qad-plain": job("qad-plain", qad)}
+    for k in ks:
+        res[f"qad-spec-k{k}"] = job(f"qad-spec-k{k}", qad, k)
+    best = max(ks, key=lambda k: res[f"qad-spec-k{k}"]["tokens_per_s"])
+    if a.swa:
+        res[f"qad-spec-k{best}-swa{a.swa}"] = job(f"qad-spec-k{best}-swa{a.swa}", qad, best,
+                                                  {"QDFLASH_DFLASH_SWA_WINDOW": str(a.swa)})
+    base_name = max(("fp-plain", "qad-plain"), key=lambda n: res[n]["tokens_per_s"])
+    baseline = res[base_name]
+    for name, row in res.items():
+        row["speedup_vs_faster_plain"] = row["tokens_per_s"] / baseline["tokens_per_s"]
+        ratios = {b: (sum(baseline["latency_s"][b]) / sum(row["latency_s"][b])) for b in ("short", "medium", "long")}
+        row["latency_ratio"] = ratios
+        row["latency_score"] = sum(ratios.values()) / 3
+        row["greedy_mismatches_vs_own_plain"] = None if name.endswith("plain") else sum(
+            x != y for x, y in zip(row["tokens"], res["qad-plain"]["tokens"]))
+    projection = {}
+    if a.accept:
+        acc = json.loads(a.accept)
+        for k in ks:
+            tau_k = 1 + sum(acc[:k])
+            t = res[f"qad-spec-k{k}"]["step_s"]
+            projection[k] = {"tau": tau_k, "tokens_per_s": tau_k / t,
+                             "speedup_vs_faster_plain": tau_k / t / baseline["tokens_per_s"]}
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    for row in res.values():
+        row.pop("tokens")
+    out = {"command": " ".join(sys.argv), "git_sha": sha, "machine": platform.processor() or platform.machine(),
+           "targets": {"fp": fp, "qad": qad}, "drafter": drafter, "block_size": B, "ks": ks, "best_k": best,
+           "baseline": base_name, "prompt_tokens": {b: [len(p) for p in buckets[b]] for b in buckets},
+           "max_tokens": a.max_tokens, "results": res, "projection": projection, "accept": a.accept}
+    write_json(Path(a.out), out)
+    print(json.dumps({n: {"tok/s": round(r["tokens_per_s"], 2), "step_ms": round(1e3 * r["step_s"], 1),
+                          "tau": r.get("tau"), "speedup": round(r["speedup_vs_faster_plain"], 3),
+                          "latency_score": round(r["latency_score"], 3)} for n, r in res.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
