@@ -29,7 +29,7 @@ from torch import nn
 
 from .config import DrafterQuantConfig
 from .data import load_split
-from .drafter import DFlashDraftModel, load_drafter, save_drafter, target_features
+from .drafter import DFlashDraftModel, load_drafter, resolve_window, save_drafter, target_features
 from .models import load_model, load_tokenizer
 from .runio import dir_size_bytes, finish_run, read_json, start_run
 
@@ -78,6 +78,7 @@ def collect_hessians(drafter: DFlashDraftModel, target, rows: list[dict], anchor
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in lins.items()]
     B, mask_id = drafter.block_size, drafter.mask_token_id
+    window = resolve_window(drafter, None)        # a drafter trained with a window is calibrated with it
     embed = target.get_input_embeddings()
     try:
         for r in tqdm(rows, desc="GPTQ calibration", disable=not progress):
@@ -94,7 +95,7 @@ def collect_hessians(drafter: DFlashDraftModel, target, rows: list[dict], anchor
             blocks[0, :, 0] = ids[0, a[0]]
             q_pos = (a[:, :, None] + torch.arange(B, device=dev)).reshape(1, -1)
             drafter(embed(blocks.reshape(1, -1)), ctx, q_pos, torch.arange(S, device=dev)[None],
-                    attn_mask=block_mask(a.cpu(), torch.tensor([S]), S, B).to(dev))
+                    attn_mask=block_mask(a.cpu(), torch.tensor([S]), S, B, window).to(dev))
     finally:
         for h in handles:
             h.remove()
