@@ -97,16 +97,23 @@ def stage_times_table(root) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("stage") if rows else pd.DataFrame()
 
 
-def decoding_table(ft_dir) -> pd.DataFrame:
-    grid = _m(ft_dir)["decoding"]
+def decoding_table(ft_dir, metrics: dict | None = None) -> pd.DataFrame:
+    """Stage 03's grid (drafters x targets, reference decoder); the two-stage rows carry the paired tau difference to
+    the direct and pretrain drafters on the same prompts (95% bootstrap interval over prompts). ``metrics``: a saved
+    stage-03 metrics dict instead of ``ft_dir``'s (e.g. a GPU run's under ``benchmarks/``)."""
+    grid = (metrics or _m(ft_dir))["decoding"]
     rows = []
     for tgt, res in grid.items():
         for name, st in res.items():
-            rows.append({"target": {"fp": "FP32", "qad": "QAD W4A16"}[tgt], "drafter": name, "tau": st["tau"],
-                         "tau 95% CI (prompts)": _ci(st), "tokens/s": st["tokens_per_s"],
-                         "speedup": st.get("speedup", 1.0), "drafter share": st.get("drafter_share", 0.0),
-                         "greedy mismatches": st.get("mismatched_outputs", 0), "steps": st["steps"]})
-    return pd.DataFrame(rows).set_index(["target", "drafter"])
+            row = {"target": {"fp": "FP32", "qad": "QAD W4A16"}[tgt], "drafter": name, "tau": st["tau"],
+                   "tau 95% CI (prompts)": _ci(st), "tokens/s": st["tokens_per_s"],
+                   "speedup": st.get("speedup", 1.0), "drafter share": st.get("drafter_share", 0.0),
+                   "greedy mismatches": st.get("mismatched_outputs", 0), "steps": st["steps"]}
+            for other, d in (st.get("paired_tau_diff") or {}).items() if name == "two_stage" else ():
+                lo, hi = d["diff_ci95"]
+                row[f"two_stage - {other} (95% CI)"] = f"{d['diff']:+.3f} ({lo:+.3f}–{hi:+.3f})"
+            rows.append(row)
+    return pd.DataFrame(rows).set_index(["target", "drafter"]).fillna("")
 
 
 def drafter_quant_table(dq_dir) -> pd.DataFrame:

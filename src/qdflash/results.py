@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from .pipeline import STAGES, StageError
-from .runio import REPO_ROOT, atomic_write_text, runs_dir
+from .runio import REPO_ROOT, atomic_write_text, read_json, runs_dir
 
 RESULT_FILES = ("metrics.json", "config.json", "run.json")
 README = REPO_ROOT / "README.md"
@@ -111,6 +111,15 @@ def extra_tables(preset: str, root: Path) -> str:
     if preset == "smol" and (GPU_RUN / "eval-fp.json").exists():
         out += "\n" + table_markdown(decode_table(), "`smol-gpu` drafters on held-out prompts (one H200, reference "
                                       "decoder, greedy, 128 new tokens; 95% CI over prompts)", 4)
+    run = GPU_RUN / "run-1204" / "metrics-03_drafter_finetune.json"
+    if preset == "smol" and run.exists():
+        from .figures import decoding_table
+        m3 = read_json(run)
+        out += "\n" + table_markdown(decoding_table(None, m3).drop(columns=["steps"]).round(3),
+                                      f"`smol-gpu` stage 03 on one H200 (run of 2026-12-04, "
+                                      f"`benchmarks/smol-gpu-h200/run-1204/`): {m3['eval_prompts']} held-out prompts "
+                                      f"x {m3['eval_new_tokens']} tokens, greedy, fp32, CUDA-graph decoder; 95% CI "
+                                      "over prompts", 4)
     if preset == "smol" and (bench / "fast-decode-h200" / "plain-bf16.json").exists():
         from .gpu_results import plain_decode_table
         out += "\n" + table_markdown(plain_decode_table(bench / "fast-decode-h200" / "plain-bf16.json"),
