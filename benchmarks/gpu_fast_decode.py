@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--window", type=int, default=None, help="drafter context window (default: drafter config)")
     ap.add_argument("--bandwidth-tbs", type=float, default=4.8)
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--modes", default="fast,graphs", help="static-cache modes to run: fast, graphs or both "
+                    "(eager always runs on --eager-prompts); graphs alone fits a short device call")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -225,7 +227,9 @@ def main(argv: list[str] | None = None) -> dict:
     generate(target, prompts[0], 8)                                                    # eager warm-up
     eager_plain = decode(lambda p, k: generate(target, p, k), eager_prompts, n)
     plain["eager"] = summarize(eager_plain, False)
-    modes = {"fast": False} | ({"graphs": True} if graphs else {})
+    wanted = set(a.modes.split(","))
+    modes = ({"fast": False} if "fast" in wanted or not graphs else {}) | (
+        {"graphs": True} if graphs and "graphs" in wanted else {})
     plain_runs: dict[str, list[GenResult]] = {}
     for mode, compiled in modes.items():
         fd, warm = fast_decoder(None, compiled)
@@ -238,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     k_fast = kernels_per_step(lambda k: fd.generate(prompts[0], k), device, min(n, 16))
     fd.close()
     lt = res["launch"]
-    for mode, st in plain.items():
+    for mode, st in list(plain.items()):
         st["fraction_of_floor"] = st["tokens_per_s"] / floor
     plain["kernels_per_step"] = {"eager": k_eager, "fast": k_fast,
                                  "unit": "CUDA kernels" if device.type == "cuda" else "leaf aten ops (CPU)"}
@@ -278,6 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
                 st["goal_2x_at_tau_2p5"] = st["speedup"] >= 2.0
             out[mode] = st
         res["speculative"][name] = out
+        write_json(Path(a.out), res)                    # partial results survive a cut call
         print(name, json.dumps({m: {k: v for k, v in s.items() if not isinstance(v, dict)}
                                 for m, s in out.items() if isinstance(s, dict)}, indent=1), flush=True)
     res["wall_s"] = round(time.time() - t_start, 1)
