@@ -1,6 +1,7 @@
 """Tables from the saved GPU benchmark outputs under ``benchmarks/`` (read only from those files; the README block
-shows them): batch-1 plain decoding per decoder path (``benchmarks/gpu_fast_decode.py``) and FSDP step runs next to
-``memory_plan``'s estimate (``benchmarks/fsdp_steps.py``)."""
+shows them): batch-1 plain and speculative decoding per decoder path (``benchmarks/gpu_fast_decode.py``), the
+Qwen3.5-4B-shape projection (``benchmarks/qwen35_projection.py``) and FSDP step runs next to ``memory_plan``'s
+estimate (``benchmarks/fsdp_steps.py``)."""
 from __future__ import annotations
 
 import json
@@ -25,6 +26,42 @@ def plain_decode_table(path: str | Path) -> pd.DataFrame:
                      "launch-bound tok/s": round(p["launch_bound_tokens_per_s"][mode]),
                      "differs from eager": f"{vs['mismatched_outputs']}/{vs['of']}" if vs else "-"})
     return pd.DataFrame(rows).set_index("path")
+
+
+def spec_decode_table(path: str | Path) -> pd.DataFrame:
+    """Batch-1 speculative decoding per drafter on the CUDA-graph path (``benchmarks/gpu_fast_decode.py``): tau with
+    its interval over prompts, tokens/s, speedup over plain graphs decoding in the same run, the speedup the measured
+    step times predict (tau x t_plain / (t_draft + t_verify)), the drafter's share of a step, and outputs that differ
+    from plain greedy (bf16: near-ties flipped by the B-token verify shape)."""
+    r = json.loads(Path(path).read_text())
+    mode = r["headline"]["reference_mode"]
+    rows = [{"drafter": "(plain)", "tau": 1.0, "tok/s": round(r["plain"][mode]["tokens_per_s"], 1),
+             "ms/step": round(r["plain"][mode]["step_ms"], 2)}]
+    for name, v in r["speculative"].items():
+        m = v[mode]
+        vs = m["vs_plain"]
+        rows.append({"drafter": name, "tau": round(m["tau"], 3),
+                     "tau 95% CI (prompts)": "–".join(f"{x:.3f}" for x in m["tau_ci95"]),
+                     "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(m["step_ms"], 2),
+                     "draft ms": round(m["draft_ms"], 3), "verify ms": round(m["verify_ms"], 3),
+                     "speedup": round(m["speedup"], 3), "predicted": round(m["predicted_speedup"], 3),
+                     "differs from plain": f"{vs['mismatched_outputs']}/{vs['of']}",
+                     "max logit gap there": max((d["top1_top2_logit_gap"] for d in vs["divergences"]), default=None)})
+    return pd.DataFrame(rows).set_index("drafter").fillna("")
+
+
+def projection_table(paths) -> pd.DataFrame:
+    """The Qwen3.5-4B-shape projection (``benchmarks/qwen35_projection.py``), one row per run (kernels used)."""
+    rows = []
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        k = r["kernels"]
+        rows.append({"Gated DeltaNet kernels": f"fla {k['fla_version']}" if k["fla"] else "transformers' torch path",
+                     "verify 1 ms": round(r["verify_1_ms"], 1), "verify 8 ms": round(r["verify_8_ms"], 1),
+                     "verify 16 ms": round(r["verify_16_ms"], 1), "draft step ms": round(r["draft_step_ms"], 1),
+                     "projected speedup, tau 3.6": round(r["projected_speedup_tau_3.6"], 2),
+                     "projected speedup, tau 6.5": round(r["projected_speedup_tau_6.5"], 2)})
+    return pd.DataFrame(rows).set_index("Gated DeltaNet kernels")
 
 
 def fsdp_table(jsonl: str | Path) -> pd.DataFrame:

@@ -125,6 +125,20 @@ def extra_tables(preset: str, root: Path) -> str:
         out += "\n" + table_markdown(plain_decode_table(bench / "fast-decode-h200" / "plain-bf16.json"),
                                       "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
                                       "(`benchmarks/gpu_fast_decode.py`; `benchmarks/fast-decode-h200/`)", 4)
+    if preset == "smol" and (bench / "fast-decode-h200" / "spec-bf16.json").exists():
+        from .gpu_results import spec_decode_table
+        out += "\n" + table_markdown(spec_decode_table(bench / "fast-decode-h200" / "spec-bf16.json"),
+                                      "Batch-1 speculative decoding on one H200, CUDA graphs, bf16, FP smol target, "
+                                      "the smol-gpu two-stage drafter (W4A16 GPTQ / W8A16 RTN de-quantized) and the "
+                                      "pretrain drafter, 16 held-out smol prompts x 128 tokens "
+                                      "(`benchmarks/fast-decode-h200/`)", 4)
+    proj = sorted((bench / "qwen35-projection-h200").glob("qwen35-*.json")) if preset == "smol" else []
+    if proj:
+        from .gpu_results import projection_table
+        out += "\n" + table_markdown(projection_table(proj), "Qwen3.5-4B shapes on one H200, random weights, eager "
+                                      "bf16, batch 1, 1,024-token context: step costs and the projected speedup "
+                                      "tau x t_verify(1) / (t_draft + t_verify(16)), a projection "
+                                      "(`benchmarks/qwen35-projection-h200/`)", 4)
     if preset == "smol" and (bench / "fsdp-h200" / "fsdp_steps.jsonl").exists():
         from .gpu_results import fsdp_table
         out += "\n" + table_markdown(fsdp_table(bench / "fsdp-h200" / "fsdp_steps.jsonl"),
