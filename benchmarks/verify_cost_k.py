@@ -54,7 +54,7 @@ def main() -> int:
 
     from qdflash.models import resolve_target
     from qdflash.runio import read_json, write_json
-    from qdflash.serving import run_job, vllm_acceptance_ci
+    from qdflash.serving import mismatch_causes, run_job, vllm_acceptance_ci
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")
     qad = str((runs / "01_qad" / qm["names"]["qad"]).resolve())
@@ -110,6 +110,8 @@ def main() -> int:
         row["latency_score"] = sum(ratios.values()) / 3
         row["greedy_mismatches_vs_own_plain"] = None if name.endswith("plain") else sum(
             x != y for x, y in zip(row["tokens"], res["qad-plain"]["tokens"]))
+        if row["greedy_mismatches_vs_own_plain"]:       # where and why (the fp32 top-2 margin at the first difference)
+            row["mismatch_causes"] = mismatch_causes(qad, prompts, res["qad-plain"]["tokens"], row["tokens"])
     projection = {}
     if a.accept:
         acc = json.loads(a.accept)

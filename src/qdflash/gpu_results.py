@@ -64,6 +64,32 @@ def projection_table(paths) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("Gated DeltaNet kernels")
 
 
+def verify_cost_table(path: str | Path) -> pd.DataFrame:
+    """vLLM on the CPU, batch 1 (``benchmarks/verify_cost_k.py``): per configuration tokens/s, time per step, vLLM's
+    tau with its interval over prompts, the speedup over the faster plain target, the competition's latency score
+    (mean over short / medium / long prompts of baseline_ms / ms; against the faster plain target, whose outputs
+    differ in length, and against plain decoding of the same QAD target, whose greedy outputs are the same) and,
+    where given, the speedup projected for another
+    drafter's per-position acceptance from the same step times."""
+    r = json.loads(Path(path).read_text())
+    proj = r.get("projection") or {}
+    rows = []
+    for name, m in r["results"].items():
+        p = proj.get(str(m.get("k"))) if m.get("k") and "swa" not in name else None
+        own = r["results"].get("qad-plain")         # the same greedy outputs: a like-for-like latency ratio
+        vs_own = sum(sum(own["latency_s"][b]) / sum(m["latency_s"][b]) for b in own["latency_s"]) / 3
+        rows.append({"config": name, "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(1e3 * m["step_s"], 1),
+                     "tau (vLLM)": round(m["tau"], 3) if m.get("tau") else "",
+                     "tau 95% CI": "–".join(f"{x:.3f}" for x in m["tau_ci95"]) if m.get("tau_ci95") else "",
+                     f"speedup vs {r['baseline']}": round(m["speedup_vs_faster_plain"], 3),
+                     "latency score": round(m["latency_score"], 3),
+                     "latency score vs qad-plain": round(vs_own, 3),
+                     "greedy mismatches": "" if m.get("greedy_mismatches_vs_own_plain") is None
+                     else m["greedy_mismatches_vs_own_plain"],
+                     "projected (GPU drafter's acceptance)": round(p["speedup_vs_faster_plain"], 3) if p else ""})
+    return pd.DataFrame(rows).set_index("config")
+
+
 def fsdp_table(jsonl: str | Path) -> pd.DataFrame:
     """One row per FSDP step run (one JSON line each): tokens/s (median over the steps after the first), peak
     allocated CUDA memory of rank 0, and ``memory_plan``'s estimate for the same shapes."""

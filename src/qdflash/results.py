@@ -132,6 +132,12 @@ def extra_tables(preset: str, root: Path) -> str:
                                       "the smol-gpu two-stage drafter (W4A16 GPTQ / W8A16 RTN de-quantized) and the "
                                       "pretrain drafter, 16 held-out smol prompts x 128 tokens "
                                       "(`benchmarks/fast-decode-h200/`)", 4)
+    if preset == "smol" and (bench / "cpu-verify-cost-k.json").exists():
+        from .gpu_results import verify_cost_table
+        out += "\n" + table_markdown(verify_cost_table(bench / "cpu-verify-cost-k.json"),
+                                      "vLLM on this 2-core CPU, batch 1: QAD W4A16 target + the smol-gpu two-stage "
+                                      "drafter (W4A16 GPTQ) against k drafted tokens, 12 held-out prompts (4 per "
+                                      "length tercile) x 96 tokens (`benchmarks/verify_cost_k.py`)", 4)
     proj = sorted((bench / "qwen35-projection-h200").glob("qwen35-*.json")) if preset == "smol" else []
     if proj:
         from .gpu_results import projection_table
