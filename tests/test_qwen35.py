@@ -2,6 +2,7 @@
 tokenizer), lossless speculative decoding on a hybrid Gated DeltaNet target, the GDN projections through PTQ/QAD
 packing, the full preset's dry run, vLLM on the hybrid target, and every stage 00-07 on qwen35-mini."""
 import json
+import re
 import subprocess
 import sys
 import time
@@ -241,9 +242,10 @@ def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
     times["05_serving (vLLM load attempt)"] = round(time.time() - t0, 1)
     log = (work / "log-qwen35.txt").read_text()
     assert "error" in job and "tokens" not in job, job
-    assert "Error in loading model architecture 'Qwen3_5ForCausalLM'" in log
+    # vLLM logs "loading" or "inspecting" depending on whether its model-info cache already holds the architecture
+    assert re.search(r"Error in (loading|inspecting) model architecture 'Qwen3_5ForCausalLM'", log)
     assert "vllm/model_executor/models/qwen3_5.py" in log and "No module named 'torchvision'" in log
-    assert "Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected" in log
+    assert "Model architectures ['Qwen3_5ForCausalLM'] failed to be inspected" in log + job["error"]
     assert not (stage_dir(PRESET, "05_serving", runs) / "metrics.json").exists()
 
     ev = run("06_evaluation")
