@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
         plain["launch_bound_tokens_per_s"]["graphs"] = 1e6 / (k_fast * lt["graph_kernel_us"])
     res["plain"] = plain
     print(json.dumps(plain, indent=1), flush=True)
-    ref_mode = "graphs" if graphs else "fast"
+    ref_mode = "graphs" if "graphs" in modes else "fast"
 
     # ------------------------------------------------------------------------------------------------ speculative
     res["speculative"] = {}

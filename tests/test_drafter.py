@@ -263,3 +263,25 @@ def test_warm_start_copies_the_norm_scale_not_the_parameter():
         src = tgt.model.layers[-1].post_attention_layernorm
         off = 1.0 if type(src).__name__.startswith("Qwen3_5") else 0.0
         torch.testing.assert_close(d.layers[0].post_attention_layernorm.weight, src.weight + off, rtol=0, atol=1e-5)
+
+
+def test_explicit_no_window_overrides_the_checkpoints_window(tiny_target, monkeypatch):
+    """Stage 04's "no window" rows pass window=0: for a drafter whose checkpoint says use_swa, every decoder path must
+    then run without a window (None means "the checkpoint's"), and decoders of the two settings must not be shared."""
+    from qdflash import speculative
+    from qdflash.drafter import resolve_window
+    target, tok = tiny_target
+    d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=4, sliding_window=5).to(torch.float64).eval()
+    assert resolve_window(d, None) == 5 and resolve_window(d, 0) is None
+    p = _prompts(tok)[2]
+    seen = []
+    monkeypatch.setattr(speculative, "generate", lambda *a: seen.append(resolve_window(a[3], a[6])))
+    for w in (0, None):
+        gen, _, close = speculative.decoder_for(target, [p], 8, d, w, "eager")
+        gen(p, 8, 0.0, None, 0)
+        close()
+    assert seen == [None, 5]
+    pool = {}
+    fds = [speculative.decoder_for(target, [p], 8, d, w, "fast", pool)[0].__self__ for w in (0, None)]
+    assert fds[0].window is None and fds[1].window == 5 and fds[0] is not fds[1]
+    speculative.close_pool(pool)

@@ -130,7 +130,7 @@ class DFlashAttention(Qwen3Attention):
         if cache is not None and len(cache.keys) > self.layer_idx:
             ks, vs = [cache.keys[self.layer_idx]], [cache.values[self.layer_idx]]
         if window is not None:
-            ks, vs, attn_mask = self._windowed(ks, vs, q_len, window, attn_mask)
+            ks, vs, attn_mask = self._windowed(ks, vs, q_len, window, attn_mask, kx.device)
         k = torch.cat(ks + [kx], 2)
         v = torch.cat(vs + [vx], 2)
         k, v = repeat_kv(k, self.num_key_value_groups), repeat_kv(v, self.num_key_value_groups)
@@ -139,7 +139,7 @@ class DFlashAttention(Qwen3Attention):
 
 
     @staticmethod
-    def _windowed(ks, vs, q_len, window, attn_mask):
+    def _windowed(ks, vs, q_len, window, attn_mask, device):
         """Inference with a window: keep the last W - 1 context keys and mask them per query (``window_mask``)."""
         if attn_mask is not None:
             raise ValueError("window= is for inference; training passes its window inside attn_mask (block_mask)")
@@ -147,7 +147,7 @@ class DFlashAttention(Qwen3Attention):
         if ks and ks[0].shape[2] > keep:
             ks, vs = [ks[0][:, :, -keep:]], [vs[0][:, :, -keep:]]
         n_ctx = ks[0].shape[2] if ks else 0
-        return ks, vs, window_mask(n_ctx, q_len, window, device=vs[0].device if vs else None)[None, None]
+        return ks, vs, window_mask(n_ctx, q_len, window, device=device)[None, None]
 
 
 class DFlashDecoderLayer(Qwen3DecoderLayer):

@@ -297,15 +297,15 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
     reuse = reusable_decodes(Path(finetune_dir) / "decode-qad.json", str(Path(qad_dir) / qm["names"]["qad"]),
                              prompts, cfg)
     table, per_prompt = {}, {}
-    for swa in (None, cfg.swa_window):
+    for swa in (0, cfg.swa_window):        # 0: explicitly no window, also for a drafter trained with one
         # plain decoding does not depend on the drafter window: decoded once (or taken from stage 03)
         res = compare_with_plain(target, prompts, cfg.eval_new_tokens, drafters, 0.0, tok.eos_token_id,
                                  window=swa, seed=cfg.seed, progress=progress,
-                                 reuse=reuse if swa is None else {"plain": per_prompt["plain"]}, results=per_prompt,
+                                 reuse=reuse if not swa else {"plain": per_prompt["plain"]}, results=per_prompt,
                                  decoder=cfg.decoder)
-        table["plain" if swa is None else "plain_swa"] = res.pop("plain")
+        table["plain" if not swa else "plain_swa"] = res.pop("plain")
         for k, v in res.items():
-            table[k + ("" if swa is None else f"-swa{swa}")] = v
+            table[k + ("" if not swa else f"-swa{swa}")] = v
     sizes = {"fp32": dir_size_bytes(src), "w8a16": dir_size_bytes(out / n8), "w4a16": dir_size_bytes(out / n4)}
     params = sum(p.numel() for p in drafters["fp32"].parameters())
     ctx_lens = [len(p) for p in prompts]

@@ -293,6 +293,7 @@ def decoder_for(target, prompts: list[list[int]], max_new_tokens: int, drafter=N
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, not {decoder!r}")
     window = resolve_window(drafter, window) if drafter is not None else None
+    window = 0 if window is None else window       # resolved: 0 = no window (None would mean "the checkpoint's")
     eager = (lambda p, n, t, eos, s: generate(target, p, n, drafter, t, eos, window, s))   # noqa: E731
     if decoder == "eager" or not prompts:
         return eager, "eager", lambda: None

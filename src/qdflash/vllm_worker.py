@@ -38,10 +38,11 @@ def run(job: dict) -> dict:
     for p in prompts:
         t0 = time.time()
         outs += llm.generate([p], sp, use_tqdm=False)
-        gen_s += time.time() - t0
+        dt = time.time() - t0
+        gen_s += dt
         now = _counters(llm)
         d = {k: _sub(now.get(k), before.get(k)) for k in now}
-        per_prompt.append({"s": time.time() - t0, "prompt_tokens": len(p["prompt_token_ids"]),
+        per_prompt.append({"s": dt, "prompt_tokens": len(p["prompt_token_ids"]),
                            "output_tokens": len(outs[-1].outputs[0].token_ids),
                            "drafts": d.get("vllm:spec_decode_num_drafts") or 0,
                            "accepted": d.get("vllm:spec_decode_num_accepted_tokens") or 0,
