@@ -7,8 +7,8 @@ the ``full`` preset's DFlash drafter (5 layers, B=16, target layers 1,8,15,22,29
 * the drafter's cost per step (a B-token block over its cached context plus ``--accepted`` new context tokens);
 * the projected speedup at tau 3.6 and 6.5 (the paper's range): tau x t_verify(1) / (t_draft + t_verify(B)).
 
-Which Gated DeltaNet kernels ran is recorded: transformers uses ``flash-linear-attention`` (``fla``) when it imports,
-else its torch fallback; ``causal-conv1d`` likewise. A projection from measured step costs, not a measured speedup.
+``kernels.fla`` records whether ``flash-linear-attention`` imports: transformers then uses its Gated DeltaNet kernels,
+else its own torch path (``causal-conv1d`` likewise); the JSON does not trace which kernels each call ran. A projection from measured step costs, not a measured speedup.
 
     python3 benchmarks/qwen35_projection.py --out OUT.json            # on the GPU (carry the fla wheels)
     python benchmarks/qwen35_projection.py --small --device cpu --out /tmp/p.json   # smoke check of the code path
@@ -16,6 +16,7 @@ else its torch fallback; ``causal-conv1d`` likewise. A projection from measured 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.util
 import json
 import statistics
@@ -88,21 +89,23 @@ def main() -> int:
         t = time.perf_counter()
         out = target(input_ids=ids, use_cache=True, output_hidden_states=True, logits_to_keep=1)
         res["prefill_s"] = time.perf_counter() - t
-        cache = out.past_key_values
+        base_cache = out.past_key_values
+        cache = copy.deepcopy(base_cache)
         dcache = DraftCache()
         drafter(target.get_input_embeddings()(torch.full((1, B), 5, device=dev)),
                 target_features(out.hidden_states, layers), torch.arange(a.context, a.context + B, device=dev)[None],
                 torch.arange(a.context, device=dev)[None], dcache)
         pos = [a.context]
 
-        def verify(n):
+        def verify(n, c):
             def f():
                 x = torch.randint(0, V, (1, n), generator=g).to(dev)
-                target(input_ids=x, past_key_values=cache, use_cache=True, output_hidden_states=n > 1)
+                target(input_ids=x, past_key_values=c, use_cache=True, output_hidden_states=n > 1)
             return f
 
         for n in (1, 8, 16) if not a.small else (1, B):
-            res[f"verify_{n}_ms"] = 1e3 * timed(verify(n), dev, a.reps)
+            # each shape from a copy of the prefilled cache: the context grows only by its own (warm + reps) x n
+            res[f"verify_{n}_ms"] = 1e3 * timed(verify(n, copy.deepcopy(base_cache)), dev, a.reps)
             print(f"verify {n}: {res[f'verify_{n}_ms']:.2f} ms", flush=True)
         H = target.config.hidden_size
         noise = target.get_input_embeddings()(torch.full((1, B), 5, device=dev))

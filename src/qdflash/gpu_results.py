@@ -77,13 +77,15 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
     for name, m in r["results"].items():
         p = proj.get(str(m.get("k"))) if m.get("k") and "swa" not in name else None
         own = r["results"].get("qad-plain")         # the same greedy outputs: a like-for-like latency ratio
-        vs_own = sum(sum(own["latency_s"][b]) / sum(m["latency_s"][b]) for b in own["latency_s"]) / 3
+        buckets = [b for b in (own or {}).get("latency_s", {}) if own["latency_s"][b] and m["latency_s"].get(b)]
+        vs_own = (sum(sum(own["latency_s"][b]) / sum(m["latency_s"][b]) for b in buckets) / len(buckets)
+                  if buckets else None)
         rows.append({"config": name, "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(1e3 * m["step_s"], 1),
                      "tau (vLLM)": round(m["tau"], 3) if m.get("tau") else "",
                      "tau 95% CI": "–".join(f"{x:.3f}" for x in m["tau_ci95"]) if m.get("tau_ci95") else "",
                      f"speedup vs {r['baseline']}": round(m["speedup_vs_faster_plain"], 3),
                      "latency score": round(m["latency_score"], 3),
-                     "latency score vs qad-plain": round(vs_own, 3),
+                     "latency score vs qad-plain": round(vs_own, 3) if vs_own is not None else "",
                      "greedy mismatches": "" if m.get("greedy_mismatches_vs_own_plain") is None
                      else m["greedy_mismatches_vs_own_plain"],
                      "projected (GPU drafter's acceptance)": round(p["speedup_vs_faster_plain"], 3) if p else ""})
