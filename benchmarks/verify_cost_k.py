@@ -52,7 +52,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
-    from qdflash.models import resolve_target
+    from qdflash.models import load_model, resolve_target
     from qdflash.runio import read_json, write_json
     from qdflash.serving import mismatch_causes, run_job, vllm_acceptance_ci
     runs = Path(a.runs).resolve()
@@ -103,6 +103,7 @@ def main() -> int:
                                                   {"QDFLASH_DFLASH_SWA_WINDOW": str(a.swa)})
     base_name = max(("fp-plain", "qad-plain"), key=lambda n: res[n]["tokens_per_s"])
     baseline = res[base_name]
+    qad_model = None                                    # loaded once, only if some output differs
     for name, row in res.items():
         row["speedup_vs_faster_plain"] = row["tokens_per_s"] / baseline["tokens_per_s"]
         ratios = {b: (sum(baseline["latency_s"][b]) / sum(row["latency_s"][b])) for b in ("short", "medium", "long")}
@@ -111,7 +112,8 @@ def main() -> int:
         row["greedy_mismatches_vs_own_plain"] = None if name.endswith("plain") else sum(
             x != y for x, y in zip(row["tokens"], res["qad-plain"]["tokens"]))
         if row["greedy_mismatches_vs_own_plain"]:       # where and why (the fp32 top-2 margin at the first difference)
-            row["mismatch_causes"] = mismatch_causes(qad, prompts, res["qad-plain"]["tokens"], row["tokens"])
+            qad_model = qad_model or load_model(qad, "float32", "cpu")
+            row["mismatch_causes"] = mismatch_causes(qad_model, prompts, res["qad-plain"]["tokens"], row["tokens"])
     projection = {}
     if a.accept:
         acc = json.loads(a.accept)

@@ -13,6 +13,7 @@ sees the last 4-k context tokens) and returns their paths with held-out prompts.
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def _train_drafter(target, window: int | None, seed: int):
     return d.eval()
 
 
+@torch.enable_grad()                  # the fixture trains, also when called under no_grad
 def build(out: str | Path) -> dict:
     """Build (or reuse, when ``out/fixture.json`` exists) the fixture under ``out``; see the module docstring."""
     from qdflash.drafter import save_drafter
@@ -100,7 +102,6 @@ def build(out: str | Path) -> dict:
     if meta.exists():
         return json.loads(meta.read_text())
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_grad_enabled(True)
     acc = _train_target(out / "target")
     target = load_model(str(out / "target"), "float32", "cpu")
     for p in target.parameters():
@@ -108,13 +109,10 @@ def build(out: str | Path) -> dict:
     paths = {"target": str(out / "target")}
     full = _train_drafter(target, None, 0)
     paths["fp32"] = str(save_drafter(full, out / "drafter-fp32"))
-    q4 = {n: m for n, m in full.named_modules() if isinstance(m, torch.nn.Linear)}
-    scales = {}
+    d4, scales = copy.deepcopy(full), {}          # RTN INT4, group 32: every Linear on its grid
     with torch.no_grad():
-        d4 = type(full)(full.config)
-        d4.load_state_dict(full.state_dict())
         for n, m in d4.named_modules():
-            if n in q4:
+            if isinstance(m, torch.nn.Linear):
                 scales[n] = absmax_scale(m.weight, 32, 4)
                 m.weight.copy_(fake_quant(m.weight, scales[n], 32, 4))
     paths["w4a16"] = str(save_packed_drafter(d4, scales, 4, 32, out / "drafter-w4a16"))

@@ -37,9 +37,9 @@ def test_mismatch_causes_point_at_the_first_differing_token(tiny_target):
     plain = [generate(target, p, 12).tokens for p in prompts]
     spec = [list(plain[0]), list(plain[1])]
     spec[1][5] = (spec[1][5] + 1) % len(tok)                # one changed token, then the rest as plain
-    out = mismatch_causes("tiny", prompts, plain, spec)
+    out = mismatch_causes(target, prompts, plain, spec)
     assert len(out) == 1 and out[0]["prompt"] == 1 and out[0]["position"] == 5
     assert out[0]["plain_token"] == plain[1][5] and out[0]["spec_token"] == spec[1][5]
-    # the fp32 reference recomputes plain greedy's choice there, with a positive top-2 margin
+    # the reference (the same target, float64 here) recomputes plain greedy's choice there, positive top-2 margin
     assert out[0]["reference_agrees_with"] == "plain" and out[0]["margin"] > 0
-    assert mismatch_causes("tiny", prompts, plain, plain) == []
+    assert mismatch_causes(target, prompts, plain, plain) == []

@@ -65,13 +65,20 @@ def check_window(window: int | None, block_size: int) -> None:
                          "would see no context and part of their own block")
 
 
+def in_window(key_pos, start, k, window: int):
+    """vLLM's drafter window rule, the one place it is written: a context key at position ``key_pos`` is visible to
+    block position ``k`` of a block starting at ``start`` iff key_pos >= start - (W - 1 - k) (tensors broadcast).
+    ``window_mask`` (decoders), ``drafter_train.block_mask`` (training) and ``FastDecoder`` (static buffers) use it."""
+    return key_pos >= start - (window - 1 - k)
+
+
 def window_mask(n_ctx: int, block_size: int, window: int, device=None) -> torch.Tensor:
     """bool [B, n_ctx + B] over keys [the last n_ctx context tokens | block]: block position k sees context index j
     iff j >= n_ctx - (W - 1 - k), and the whole block (vLLM's per-query window of W - 1 positions back)."""
     check_window(window, block_size)
     j = torch.arange(n_ctx, device=device)
     k = torch.arange(block_size, device=device)
-    ctx = j[None, :] >= n_ctx - (window - 1 - k[:, None])
+    ctx = in_window(j[None, :], n_ctx, k[:, None], window)
     return torch.cat([ctx, torch.ones(block_size, block_size, dtype=torch.bool, device=device)], 1)
 
 

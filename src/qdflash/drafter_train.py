@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from . import distributed
 from .config import DrafterConfig, default_gamma
 from .data import load_split, regenerate_rows
-from .drafter import DFlashDraftModel, check_window, load_drafter, new_drafter, save_drafter, target_features
+from .drafter import (DFlashDraftModel, check_window, in_window, load_drafter, new_drafter, save_drafter,
+                      target_features)
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
 from .runio import atomic_write_text, finish_run, read_json, read_jsonl, start_run, thin, torch_dtype, write_json
 
@@ -73,7 +74,7 @@ def block_mask(anchors: torch.Tensor, ctx_len: torch.Tensor, S: int, B: int,
     if window is not None:
         check_window(window, B)
         k = torch.arange(B).repeat(N)                                         # position inside its block
-        ctx = ctx & (j[None, None, :] >= (a - (window - 1 - k))[:, :, None])
+        ctx = ctx & in_window(j[None, None, :], a[:, :, None], k[None, :, None], window)
     blk = torch.arange(N).repeat_interleave(B)
     own = blk[:, None] == blk[None, :]                                        # [N*B, N*B]
     return torch.cat([ctx, own[None].expand(b, -1, -1)], -1)[:, None]

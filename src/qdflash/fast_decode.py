@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.models.qwen3.modeling_qwen3 import repeat_kv
 
-from .drafter import DFlashDraftModel, _rope, resolve_window
+from .drafter import DFlashDraftModel, _rope, in_window, resolve_window
 from .speculative import GenResult, _sample, _sync, accept_drafts, emit_tokens
 
 
@@ -202,7 +202,7 @@ class FastDecoder:
         kpos = torch.arange(C, device=self.device)
         valid = (kpos < start).expand(B, C)
         if self.window is not None:      # block position k sees the last W-1-k context tokens (drafter.window_mask)
-            valid = valid & (kpos[None, :] >= start - (self.window - 1 - self.krange)[:, None])
+            valid = valid & in_window(kpos[None, :], start, self.krange[:, None], self.window)
         mask = torch.cat([valid, torch.ones(B, B, dtype=torch.bool, device=self.device)], 1)[None, None]
         for i, layer in enumerate(d.layers):
             a = layer.self_attn

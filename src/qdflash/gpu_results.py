@@ -50,10 +50,11 @@ def spec_decode_table(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("drafter").fillna("")
 
 
-def projection_table(paths) -> pd.DataFrame:
-    """The Qwen3.5-4B-shape projection (``benchmarks/qwen35_projection.py``), one row per run (kernels used)."""
+def projection_table(run_dir: str | Path) -> pd.DataFrame:
+    """The Qwen3.5-4B-shape projection (``benchmarks/qwen35_projection.py``): one row per ``qwen35-*.json`` under
+    ``run_dir`` (with or without the fla kernels)."""
     rows = []
-    for path in paths:
+    for path in sorted(Path(run_dir).glob("qwen35-*.json")):
         r = json.loads(Path(path).read_text())
         k = r["kernels"]
         rows.append({"Gated DeltaNet kernels": f"fla {k['fla_version']}" if k["fla"] else "transformers' torch path",

@@ -120,37 +120,28 @@ def extra_tables(preset: str, root: Path) -> str:
                                       f"`benchmarks/smol-gpu-h200/run-1204/`): {m3['eval_prompts']} held-out prompts "
                                       f"x {m3['eval_new_tokens']} tokens, greedy, fp32, CUDA-graph decoder; 95% CI "
                                       "over prompts", 4)
-    if preset == "smol" and (bench / "fast-decode-h200" / "plain-bf16.json").exists():
-        from .gpu_results import plain_decode_table
-        out += "\n" + table_markdown(plain_decode_table(bench / "fast-decode-h200" / "plain-bf16.json"),
-                                      "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
-                                      "(`benchmarks/gpu_fast_decode.py`; `benchmarks/fast-decode-h200/`)", 4)
-    if preset == "smol" and (bench / "fast-decode-h200" / "spec-bf16.json").exists():
-        from .gpu_results import spec_decode_table
-        out += "\n" + table_markdown(spec_decode_table(bench / "fast-decode-h200" / "spec-bf16.json"),
-                                      "Batch-1 speculative decoding on one H200, CUDA graphs, bf16, FP smol target, "
-                                      "the smol-gpu two-stage drafter (W4A16 GPTQ / W8A16 RTN de-quantized) and the "
-                                      "pretrain drafter, 16 held-out smol prompts x 128 tokens "
-                                      "(`benchmarks/fast-decode-h200/`)", 4)
-    if preset == "smol" and (bench / "cpu-verify-cost-k.json").exists():
-        from .gpu_results import verify_cost_table
-        out += "\n" + table_markdown(verify_cost_table(bench / "cpu-verify-cost-k.json"),
-                                      "vLLM on this 2-core CPU, batch 1: QAD W4A16 target + the smol-gpu two-stage "
-                                      "drafter (W4A16 GPTQ) against k drafted tokens, 12 held-out prompts (4 per "
-                                      "length tercile) x 96 tokens (`benchmarks/verify_cost_k.py`)", 4)
-    proj = sorted((bench / "qwen35-projection-h200").glob("qwen35-*.json")) if preset == "smol" else []
-    if proj:
-        from .gpu_results import projection_table
-        out += "\n" + table_markdown(projection_table(proj), "Qwen3.5-4B shapes on one H200, random weights, eager "
-                                      "bf16, batch 1, 1,024-token context: step costs and the projected speedup "
-                                      "tau x t_verify(1) / (t_draft + t_verify(16)), a projection "
-                                      "(`benchmarks/qwen35-projection-h200/`)", 4)
-    if preset == "smol" and (bench / "fsdp-h200" / "fsdp_steps.jsonl").exists():
-        from .gpu_results import fsdp_table
-        out += "\n" + table_markdown(fsdp_table(bench / "fsdp-h200" / "fsdp_steps.jsonl"),
-                                      "FSDP steps through torchrun on one H200: SmolLM2-135M (real weights) and "
-                                      "Qwen3.5-4B shapes (random weights) (`benchmarks/gpu_fsdp.sh`; estimate: "
-                                      "`memory_plan.py` for the same shapes)", 4)
+    from .gpu_results import fsdp_table, plain_decode_table, projection_table, spec_decode_table, verify_cost_table
+    saved = [  # (saved benchmark output, its table, title), in README order; each shown where its file exists
+        (bench / "fast-decode-h200" / "plain-bf16.json", plain_decode_table,
+         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
+         "(`benchmarks/gpu_fast_decode.py`; `benchmarks/fast-decode-h200/`)"),
+        (bench / "fast-decode-h200" / "spec-bf16.json", spec_decode_table,
+         "Batch-1 speculative decoding on one H200, CUDA graphs, bf16, FP smol target, the smol-gpu two-stage drafter "
+         "(W4A16 GPTQ / W8A16 RTN de-quantized) and the pretrain drafter, 16 held-out smol prompts x 128 tokens "
+         "(`benchmarks/fast-decode-h200/`)"),
+        (bench / "cpu-verify-cost-k.json", verify_cost_table,
+         "vLLM on this 2-core CPU, batch 1: QAD W4A16 target + the smol-gpu two-stage drafter (W4A16 GPTQ) against k "
+         "drafted tokens, 12 held-out prompts (4 per length tercile) x 96 tokens (`benchmarks/verify_cost_k.py`)"),
+        (bench / "qwen35-projection-h200", projection_table,
+         "Qwen3.5-4B shapes on one H200, random weights, eager bf16, batch 1, 1,024-token context: step costs and the "
+         "projected speedup tau x t_verify(1) / (t_draft + t_verify(16)), a projection "
+         "(`benchmarks/qwen35-projection-h200/`)"),
+        (bench / "fsdp-h200" / "fsdp_steps.jsonl", fsdp_table,
+         "FSDP steps through torchrun on one H200: SmolLM2-135M (real weights) and Qwen3.5-4B shapes (random weights) "
+         "(`benchmarks/gpu_fsdp.sh`; estimate: `memory_plan.py` for the same shapes)")]
+    for src, table, title in saved if preset == "smol" else ():
+        if src.exists():
+            out += "\n" + table_markdown(table(src), title, 4)
     sweeps = sorted((bench / "qad-sweep-h200").glob("*.json")) if preset == "smol" else []
     if sweeps:
         out += "\n" + table_markdown(qad_sweep_table(sweeps), "QAD recipes on the smol data "

@@ -125,20 +125,15 @@ def latency_summary(lat: list[float]) -> dict:
     return out
 
 
-def mismatch_causes(target: str, prompts: list[list[int]], plain: list[list[int]], spec: list[list[int]],
-                    dtype: str = "float32") -> list[dict]:
+def mismatch_causes(model, prompts: list[list[int]], plain: list[list[int]], spec: list[list[int]]) -> list[dict]:
     """Why a speculative output differs from plain greedy (both bf16 on vLLM): for each differing output, the first
-    differing position, both tokens, and the target's top-2 logit margin there recomputed in ``dtype`` by transformers
-    on the common prefix. A margin far below bf16's resolution of the logits (~0.06 at |logit| ~ 16) is a near-tie
-    that a different kernel shape (a B-token verify vs a 1-token step) can flip; a large margin would be a bug."""
+    differing position, both tokens, and the target's top-2 logit margin there recomputed by ``model`` (the target
+    loaded by transformers, e.g. ``models.load_model(path, "float32", "cpu")``) on the common prefix. A margin far
+    below bf16's resolution of the logits (~0.06 at |logit| ~ 16) is a near-tie that a different kernel shape (a
+    B-token verify vs a 1-token step) can flip; a large margin would be a bug."""
     import torch
-
-    from .models import load_model
     rows = [(i, next((j for j, (a, b) in enumerate(zip(p, s)) if a != b), min(len(p), len(s))))
             for i, (p, s) in enumerate(zip(plain, spec)) if p != s]
-    if not rows:
-        return []
-    model = load_model(target, dtype, "cpu")
     out = []
     with torch.no_grad():
         for i, j in rows:
@@ -321,12 +316,14 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
                         "greedy_mismatches_vs_plain": sum(a != b for a, b in zip(r["tokens"], plain["tokens"]))})
         table[k] = row
     # greedy with vs without speculation: where they differ, the first differing position and why (mismatch_causes)
-    targets = {"fp": fp_target, "qad": qad_target}
-    causes = {}
+    from .models import load_model
+    targets, loaded, causes = {"fp": fp_target, "qad": qad_target}, {}, {}
     for k, r in jobs.items():
         tname = k.split("-")[0]
         if "error" not in r and "tau" in r and table[k]["greedy_mismatches_vs_plain"]:
-            causes[k] = mismatch_causes(targets[tname], prompts, jobs[f"{tname}-plain"]["tokens"], r["tokens"])
+            if tname not in loaded:                 # each target once, in fp32, for all its mismatching jobs
+                loaded[tname] = load_model(targets[tname], "float32", "cpu")
+            causes[k] = mismatch_causes(loaded[tname], prompts, jobs[f"{tname}-plain"]["tokens"], r["tokens"])
             table[k]["mismatch_margins"] = [round(c["margin"], 4) for c in causes[k]]
     # the reference decoder on the same prompts (stage 04 table is on the QAD target)
     ref = {f"qad-{k}": dq["table"].get(k, {}).get("tau") for k in ("fp32", "w4a16", f"w4a16-swa{W}", "w8a16")}
@@ -338,8 +335,8 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             server = serve_and_probe(qad_target, drafters["w4a16"], B, texts, max_tokens, max_model_len, work)
         except Exception as e:
             server = {"error": repr(e)}
-    m = finish_run(out, {"offline": table, "mismatch_causes": causes, "reference_tau": ref, "server": server, "prompts": len(prompts),
-                         "max_tokens": max_tokens, "block_size": B, "sites": _sites()}, t0)
+    m = finish_run(out, {"offline": table, "mismatch_causes": causes, "reference_tau": ref, "server": server,
+                         "prompts": len(prompts), "max_tokens": max_tokens, "block_size": B, "sites": _sites()}, t0)
     return ServingResult(out, m)
 
 
