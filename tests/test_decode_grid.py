@@ -136,3 +136,22 @@ def test_stage04_reads_a_grid_file_and_ignores_a_cut_one(grid, tmp_path, monkeyp
     got = reusable_decodes(path, str(tdir), settings["prompts"], cfg)
     assert set(got) == {"plain", "fp32"} and len(got["fp32"]) == len(settings["prompts"])
     assert speculative.run_stats(got["fp32"], True)["tau"] == stats["two_stage"]["tau"]
+
+
+def test_walked_runs_are_saved_and_never_stand_for_decoded_ones(grid, tmp_path, monkeypatch):
+    """A grid that walks some drafters (walk.Walker) saves them as walked: a rerun reuses them, and a drafter decoded
+    before is decoded again when asked to walk, and the other way round."""
+    target, tok, drafters, settings = grid
+    path = tmp_path / "decode-fp.json"
+    first = decode_grid(path, target, settings, drafters, tok.eos_token_id, walk=["b", "c"])
+    assert first["b"]["measured_by"] == "walk" and first["b"]["tokens_per_s"] is None
+    assert "speedup" not in first["b"] and "mismatched_outputs" not in first["b"]
+    assert first["a"]["measured_by"] == "decoder" and first["a"]["walk_check"]["prompts"] == 2
+    seen = _count_decodes(monkeypatch)
+    again = decode_grid(path, target, settings, drafters, tok.eos_token_id, walk=["a", "b"])
+    assert seen == ["c"]                                        # c was walked before, now it is decoded
+    assert again["b"]["reused"] and again["b"]["tau"] == first["b"]["tau"]
+    assert "reused" not in again["a"] and again["a"]["measured_by"] == "walk"
+    with pytest.raises(ValueError, match="greedy"):
+        decode_grid(tmp_path / "t.json", target, {**settings, "temperature": 0.7}, drafters, tok.eos_token_id,
+                    walk=["a"])

@@ -26,7 +26,7 @@ def reference(fixture):
     from qdflash.speculative import acceptance_stats, generate
     p = fixture["paths"]
     target = load_model(p["target"], "float32", "cpu")
-    out = {"plain": [generate(target, q, NEW).tokens for q in fixture["prompts"]]}
+    out = {"plain": [generate(target, q, NEW).tokens for q in fixture["prompts"]], "target": target}
 
     def run(name, window=None, layers=None):
         d = load_drafter(p[name])
@@ -34,7 +34,8 @@ def reference(fixture):
             d.config.dflash_config["target_layer_ids"] = layers
         res = [generate(target, q, NEW, d, window=window) for q in fixture["prompts"]]
         st = acceptance_stats(res)
-        return {"per_position": st["per_position"], "tau": st["tau"], "tokens": [r.tokens for r in res]}
+        return {"per_position": st["per_position"], "tau": st["tau"], "tokens": [r.tokens for r in res],
+                "accept_lengths": [r.accept_lengths for r in res], "drafter": d, "window": window}
     for name in ("fp32", "w4a16", "w8a16", "swa5"):
         out[name] = run(name)
     W = fixture["window"]
@@ -57,6 +58,33 @@ def test_reference_acceptance_is_high_and_drops_when_the_context_is_wrong(fixtur
     # swapped or shifted target layers cost well above the vLLM tolerance
     for layers in ([2, 0], [1, 3]):
         assert reference[f"layers{layers}"]["tau"] < reference["fp32"]["tau"] - 0.2
+
+
+def test_walk_gives_the_decoders_accept_lengths(fixture, reference):
+    """Teacher forcing along plain greedy (walk.Walker) records, prompt by prompt, the accept lengths the decoder
+    recorded: full blocks (tau ~4, the last one cut by the length limit), the wrong windows and the wrong layers
+    (mixed acceptance), the quantized drafters. Then with an EOS that occurs mid-output."""
+    from qdflash.speculative import GenResult, generate
+    from qdflash.walk import Walker
+    target, prompts = reference["target"], fixture["prompts"]
+    walker = Walker(target, prompts, [GenResult(tokens=t) for t in reference["plain"]], None)
+    names = [k for k in reference if "accept_lengths" in (reference[k] if isinstance(reference[k], dict) else {})]
+    assert len(names) == 9
+    for name in names:
+        ref = reference[name]
+        walked = walker.walk(ref["drafter"], NEW, ref["window"])
+        assert [r.accept_lengths for r in walked] == ref["accept_lengths"], name
+        assert all(r.walk and r.tokens == t for r, t in zip(walked, reference["plain"]))
+    # every outcome of a step (1-4 tokens) was compared
+    assert {a for n in names for al in reference[n]["accept_lengths"] for a in al} == {1, 2, 3, 4}
+    # an EOS inside the outputs: the decoder stops there, and so must the walk's last step
+    eos = reference["plain"][0][20]
+    d = reference["fp32"]["drafter"]
+    dec = [generate(target, q, NEW, d, eos_token_id=eos) for q in prompts]
+    plain = [generate(target, q, NEW, eos_token_id=eos) for q in prompts]
+    assert any(len(p.tokens) < NEW for p in plain)
+    walked = Walker(target, prompts, plain, eos).walk(d, NEW)
+    assert [r.accept_lengths for r in walked] == [r.accept_lengths for r in dec]
 
 
 def test_vllm_acceptance_matches_the_reference_per_position(fixture, reference, tmp_path):

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 PRESETS = ("tiny", "smol", "smol-gpu", "full", "qwen35-mini")
 DECODERS = ("eager", "fast", "graphs")     # the stage grids' decoders (speculative.decoder_for)
+TAU_BY = ("decode", "walk")                # how the stage grids measure acceptance (DrafterConfig.tau_by)
 LATENT_INITS = ("grid", "jitter")                          # QADConfig.latent_init (quant.load_fake_quant_model)
 DRAFTER_INITS = ("random", "target_norm", "target_layers")  # DrafterConfig.init (drafter.init_from_target)
 QAD_TRAIN_PARAMS = ("latent", "scale", "latent+scale")      # QADConfig.train_params (qad.train_qad)
@@ -119,6 +120,9 @@ class DrafterConfig:
                                     # context tokens, vLLM's rule); the checkpoint then says use_swa / swa_window_size
     decoder: str = "eager"          # the evaluation grid's decoder: "eager" | "fast" (static caches) | "graphs" (CUDA
                                     # graphs over the fast path); see speculative.decoder_for
+    tau_by: str = "decode"          # "decode": every drafter through the decoder; "walk": the two-stage drafter is
+                                    # decoded (speed, losslessness) and the others' acceptance is measured by teacher
+                                    # forcing along the plain greedy outputs (walk.Walker: the same tau, no verifier)
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,7 @@ class DrafterQuantConfig:
     eval_new_tokens: int = 64
     seed: int = 0
     decoder: str = "eager"          # as DrafterConfig.decoder
+    tau_by: str = "decode"          # as DrafterConfig.tau_by: "walk" walks every row but stage 03's decoded fp32 one
 
 
 @dataclass(frozen=True)
@@ -194,10 +199,10 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
     DrafterConfig: {
         "tiny": dict(num_layers=1, block_size=4, target_layer_ids=(0, 2), mask_token_id=None, epochs=2,
                      lr=3e-3, batch_size=4, num_anchors=8, max_len=96, eval_prompts=3, eval_new_tokens=16,
-                     finetune_data="qad"),
+                     finetune_data="qad", tau_by="walk"),
         "smol": dict(num_layers=2, block_size=8, target_layer_ids=(1, 8, 15, 22, 27), mask_token_id=None,
                      epochs=4, lr=3e-3, batch_size=4, num_anchors=16, max_len=320, init="target_norm",
-                     eval_prompts=8, eval_new_tokens=64, dtype="bfloat16", finetune_data="qad"),
+                     eval_prompts=8, eval_new_tokens=64, dtype="bfloat16", finetune_data="qad", tau_by="walk"),
         "full": dict(num_layers=5, block_size=16, target_layer_ids=(1, 8, 15, 22, 29), mask_token_id=248070,
                      epochs=2, finetune_epochs=2, lr=1e-3, batch_size=32, num_anchors=512, max_len=3072, eval_prompts=80,
                      eval_new_tokens=2048, dtype="bfloat16", finetune_data="qad"),
@@ -206,9 +211,9 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
     },
     DrafterQuantConfig: {
         "tiny": dict(group_size=32, w8_group_size=32, swa_window=24, calib_convs=4, anchors_per_conv=4,
-                     eval_prompts=3, eval_new_tokens=16),
+                     eval_prompts=3, eval_new_tokens=16, tau_by="walk"),
         "smol": dict(group_size=32, w8_group_size=64, swa_window=16, calib_convs=32, anchors_per_conv=16,
-                     eval_prompts=8, eval_new_tokens=64),
+                     eval_prompts=8, eval_new_tokens=64, tau_by="walk"),
         "full": dict(group_size=128, w8_group_size=128, swa_window=1024, calib_convs=256, anchors_per_conv=16,
                      eval_prompts=80, eval_new_tokens=2048),
         "qwen35-mini": dict(group_size=32, w8_group_size=32, swa_window=16, calib_convs=2, anchors_per_conv=2,
@@ -244,8 +249,8 @@ _SMOL_GPU: dict[type, dict[str, Any]] = {
     QADConfig: dict(steps=300, batch_size=8, lr=1e-4, eval_every=50, save_every=100),
     DrafterConfig: dict(epochs=4, lr=1e-3, batch_size=32, num_anchors=64, max_len=416, eval_prompts=32,
                         eval_new_tokens=128, feature_cache=False, eval_random=False, save_every=500,
-                        decoder="graphs"),
-    DrafterQuantConfig: dict(eval_prompts=32, eval_new_tokens=128, decoder="graphs"),
+                        decoder="graphs", tau_by="decode"),
+    DrafterQuantConfig: dict(eval_prompts=32, eval_new_tokens=128, decoder="graphs", tau_by="decode"),
     EvalConfig: {},
     FiguresConfig: {},
 }
@@ -293,6 +298,8 @@ def _validate(cfg: Any) -> None:
         raise ConfigError(f"latent_init must be one of {LATENT_INITS}")
     if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.decoder not in DECODERS:
         raise ConfigError(f"decoder must be one of {DECODERS}, not {cfg.decoder!r}")
+    if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.tau_by not in TAU_BY:
+        raise ConfigError(f"tau_by must be one of {TAU_BY}, not {cfg.tau_by!r}")
     if isinstance(cfg, DrafterConfig):
         if cfg.block_size < 2:
             raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")

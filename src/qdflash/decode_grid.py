@@ -45,9 +45,10 @@ def fingerprint(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def saved_runs(path: Path, settings: dict, prints: dict[str, str]) -> tuple[dict, dict, dict]:
+def saved_runs(path: Path, settings: dict, prints: dict[str, str], walk=()) -> tuple[dict, dict, dict]:
     """The runs of ``path`` that can stand for this grid: all of its runs when its settings equal ``settings``,
-    except drafters whose fingerprint differs; nothing when the settings differ or there is no file.
+    except drafters whose fingerprint differs or that were measured the other way (walked, ``walk``, or decoded);
+    nothing when the settings differ or there is no file.
     Returns ``(runs, sessions, decoders)``: the results, and the process and decoder of each kept run."""
     from .speculative import results_from_json
     if not path.exists():
@@ -57,13 +58,16 @@ def saved_runs(path: Path, settings: dict, prints: dict[str, str]) -> tuple[dict
         return {}, {}, {}
     old = d.get("drafters", {})
     runs = {name: results_from_json(rows) for name, rows in d.get("results", {}).items()
-            if name == "plain" or (name in prints and old.get(name) == prints[name])}
+            if name == "plain" or (name in prints and old.get(name) == prints[name]
+                                   and all(r.get("walk", False) == (name in walk) for r in rows))}
     return (runs, {name: d.get("sessions", {}).get(name) for name in runs},
             {name: d.get("decoder_used", {}).get(name) for name in runs})
 
 
-def decode_grid(path: Path, target, settings: dict, drafters: dict, eos_token_id=None, progress: bool = False) -> dict:
-    """``speculative.compare_with_plain`` of ``drafters`` on ``target``, with every finished run saved to ``path``
+def decode_grid(path: Path, target, settings: dict, drafters: dict, eos_token_id=None, progress: bool = False,
+                walk=()) -> dict:
+    """``speculative.compare_with_plain`` of ``drafters`` on ``target`` (the drafters named in ``walk`` measured by
+    teacher forcing, ``walk.Walker``), with every finished run saved to ``path``
     at once and the runs already saved there (same settings and weights) reused. ``settings`` holds ``target`` (the
     target's name or directory) and the decoding settings of ``SETTINGS``; the target's files and the git SHA are
     added here. Returns compare_with_plain's stats; reused runs say ``"reused": true`` and keep the times measured
@@ -71,7 +75,7 @@ def decode_grid(path: Path, target, settings: dict, drafters: dict, eos_token_id
     from .speculative import compare_with_plain, results_to_json
     settings = {**settings, "target_files": target_files(settings["target"]), "code": git_sha()}
     prints = {name: fingerprint(d) for name, d in drafters.items()}
-    reuse, sessions, decoders = saved_runs(path, settings, prints)
+    reuse, sessions, decoders = saved_runs(path, settings, prints, walk)
     done = {name: results_to_json(rs) for name, rs in reuse.items()}
 
     def save(name, results, stats):
@@ -82,11 +86,11 @@ def decode_grid(path: Path, target, settings: dict, drafters: dict, eos_token_id
 
     stats = compare_with_plain(target, settings["prompts"], settings["max_new_tokens"], drafters,
                                settings["temperature"], eos_token_id, seed=settings["seed"], progress=progress,
-                               reuse=reuse, decoder=settings["decoder"], on_result=save)
+                               reuse=reuse, decoder=settings["decoder"], on_result=save, walk=walk)
     for name in reuse:
         if name in stats and decoders.get(name):
             stats[name]["decoder"] = decoders[name]
     for name in drafters:
-        if name in stats and sessions.get(name) != sessions.get("plain"):
+        if name in stats and "speedup" in stats[name] and sessions.get(name) != sessions.get("plain"):
             stats[name]["speedup_across_sessions"] = True      # plain and this run timed in different processes
     return stats

@@ -106,14 +106,21 @@ def decoding_table(ft_dir, metrics: dict | None = None) -> pd.DataFrame:
     for tgt, res in grid.items():
         for name, st in res.items():
             row = {"target": {"fp": "FP32", "qad": "QAD W4A16"}[tgt], "drafter": name, "tau": st["tau"],
-                   "tau 95% CI (prompts)": _ci(st), "tokens/s": st["tokens_per_s"],
-                   "speedup": st.get("speedup", 1.0), "drafter share": st.get("drafter_share", 0.0),
-                   "greedy mismatches": st.get("mismatched_outputs", 0), "steps": st["steps"]}
+                   "tau 95% CI (prompts)": _ci(st), "measured by": st.get("measured_by", "decoder"),
+                   "tokens/s": st.get("tokens_per_s"), "speedup": st.get("speedup", 1.0 if name == "plain" else None),
+                   "drafter share": st.get("drafter_share", 0.0), "greedy mismatches": st.get("mismatched_outputs"),
+                   "steps": st["steps"]}
+            if st.get("walk_check"):
+                wc = st["walk_check"]
+                row["walk = decoder (prompts)"] = f"{wc['prompts_identical']}/{wc['prompts']}"
             for other, d in (st.get("paired_tau_diff") or {}).items() if name == "two_stage" else ():
                 lo, hi = d["diff_ci95"]
                 row[f"two_stage - {other} (95% CI)"] = f"{d['diff']:+.3f} ({lo:+.3f}–{hi:+.3f})"
             rows.append(row)
-    return pd.DataFrame(rows).set_index(["target", "drafter"]).fillna("")
+    df = pd.DataFrame(rows).set_index(["target", "drafter"])
+    text = [c for c in df.columns if c.startswith("two_stage - ") or c.startswith("walk = ")]
+    df[text] = df[text].fillna("")
+    return df
 
 
 def drafter_quant_table(dq_dir) -> pd.DataFrame:
@@ -125,7 +132,8 @@ def drafter_quant_table(dq_dir) -> pd.DataFrame:
         prec, _, swa = name.partition("-swa")
         row = {"drafter": prec, "SWA": f"{swa}" if swa else "off", "mean acceptance length": st["tau"],
                "tau 95% CI (prompts)": _ci(st), "per-token accept rate": st["accept_rate"],
-               "tokens/s": st["tokens_per_s"], "speedup": st["speedup"], "draft steps": st["steps"],
+               "measured by": st.get("measured_by", "decoder"), "drafter ms/step": _ms_step(st),
+               "tokens/s": st.get("tokens_per_s"), "speedup": st.get("speedup"), "draft steps": st["steps"],
                "disk MB": m["disk_bytes"][prec] / 2**20}
         row.update({f"p{i}": r for i, r in enumerate(st["per_position"])})
         rows.append(row)
@@ -323,14 +331,26 @@ def tau_speedup_plot(ft_dir):
     return fig
 
 
+def _ms_step(st: dict) -> float | None:
+    """Drafter milliseconds per verify step (runs saved before ``drafter_ms_per_step`` existed: from their times)."""
+    if st.get("drafter_ms_per_step") is not None:
+        return st["drafter_ms_per_step"]
+    return 1e3 * st["draft_time_s"] / st["steps"] if st.get("steps") and "draft_time_s" in st else None
+
+
 def time_split_plot(dq_dir):
+    """Milliseconds per verify step: the drafter's for every speculative row, the verifier's where it ran (walked
+    rows, ``walk.Walker``, run no verifier)."""
     import matplotlib.pyplot as plt
     tm = _m(dq_dir)["table"]
-    split = pd.DataFrame([{"config": k, "drafter": v["draft_time_s"], "verifier": v["verify_time_s"]}
+    split = pd.DataFrame([{"config": k + (" (walked)" if v.get("measured_by") == "walk" else ""),
+                           "drafter": _ms_step(v) or 0.0,
+                           "verifier": (1e3 * v["verify_time_s"] / v["steps"]
+                                        if v.get("verify_time_s") is not None and v.get("steps") else float("nan"))}
                           for k, v in tm.items()]).set_index("config")
     fig, ax = plt.subplots(figsize=(6, 3.2))
     split.plot.barh(stacked=True, ax=ax)
-    ax.set_xlabel("decode time (s)")
+    ax.set_xlabel("ms per verify step")
     fig.tight_layout()
     return fig
 

@@ -34,6 +34,7 @@ class GenResult:
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
     block_size: int = 1
+    walk: bool = False              # accept lengths from ``walk.Walker`` (no verify forward ran: no verify time)
 
     @property
     def decode_time_s(self) -> float:
@@ -348,15 +349,22 @@ def run_decoding(target, prompts: list[list[int]], max_new_tokens: int, drafter=
 
 
 def run_stats(results: list[GenResult], speculative: bool) -> dict:
-    """Acceptance (speculative runs), decode tokens, times, tokens/s and drafter share of one decoding run."""
+    """Acceptance (speculative runs), decode tokens, times, tokens/s and drafter share of one decoding run. A walked
+    run (``walk.Walker``) ran no verifier: it has the drafter's time per step, and no tokens/s, share or speedup."""
     n_tok = sum(len(r.tokens) - 1 for r in results)  # decode tokens (the prefill token excluded)
-    dec = sum(r.decode_time_s for r in results)
     stats = acceptance_stats(results) if speculative else {"tau": 1.0, "steps": sum(
         len(r.accept_lengths) for r in results)}
-    stats.update({"decode_tokens": n_tok, "decode_time_s": dec, "tokens_per_s": n_tok / max(dec, 1e-9),
-                  "draft_time_s": sum(r.draft_time_s for r in results),
+    draft = sum(r.draft_time_s for r in results)
+    stats.update({"decode_tokens": n_tok, "draft_time_s": draft,
+                  "drafter_ms_per_step": 1e3 * draft / max(1, stats["steps"]) if speculative else 0.0})
+    if results and all(r.walk for r in results):
+        stats.update({"measured_by": "walk", "decode_time_s": None, "tokens_per_s": None, "verify_time_s": None,
+                      "drafter_share": None})
+        return stats
+    dec = sum(r.decode_time_s for r in results)
+    stats.update({"measured_by": "decoder", "decode_time_s": dec, "tokens_per_s": n_tok / max(dec, 1e-9),
                   "verify_time_s": sum(r.verify_time_s for r in results)})
-    stats["drafter_share"] = stats["draft_time_s"] / max(dec, 1e-9)
+    stats["drafter_share"] = draft / max(dec, 1e-9)
     return stats
 
 
@@ -382,17 +390,29 @@ def results_from_json(rows: list[dict]) -> list[GenResult]:
 
 def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperature=0.0, eos_token_id=None,
                        window=None, seed=0, progress=False, reuse: dict | None = None,
-                       results: dict | None = None, decoder: str = "eager", on_result=None) -> dict:
+                       results: dict | None = None, decoder: str = "eager", on_result=None,
+                       walk: tuple | list | set = ()) -> dict:
     """Plain decoding then each drafter on the same prompts: tau (with its bootstrap interval over prompts),
     per-position rates, tokens/s, speedup (with a paired bootstrap interval over prompts), the paired tau difference
     to every other drafter (``paired_tau_diff``), and (greedy) the number of outputs that differ from plain decoding
     (must be 0). ``decoder``: see ``decoder_for`` (each run's stats name the decoder it used).
+
+    ``walk``: drafters whose acceptance is measured by teacher forcing along the plain greedy outputs
+    (``walk.Walker``: tau and per-position rates without the verifier; greedy only) instead of decoding. When any
+    drafter walks, every decoded drafter is walked too and its stats get ``walk_check`` (prompts whose accept
+    lengths agree, both taus): the walk's exactness, measured in every run.
 
     ``reuse`` maps "plain" and/or drafter names to results already decoded on exactly these prompts with these
     settings (e.g. by an earlier stage): they are not decoded again, and their stats say ``"reused": true``.
     ``results``, if given, receives every run's per-prompt results (for a later stage to reuse). ``on_result(name,
     results, stats)`` is called as soon as each run that was not reused has decoded (to save it: a resumable grid)."""
     reuse = reuse or {}
+    walk = set(walk)
+    if walk and temperature > 0:
+        raise ValueError("walk: teacher-forced acceptance is exact for greedy decoding only (temperature 0)")
+    if walk - set(drafters):
+        raise ValueError(f"walk: no drafter named {sorted(walk - set(drafters))}")
+    walker = None
 
     def decode(name, d, win):
         if name in reuse:
@@ -400,8 +420,12 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
             st = run_stats(rs, d is not None)
             st["reused"] = True
             return rs, st
-        rs, st = run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed, progress,
-                              name, decoder, pool)
+        if name in walk:
+            rs = walker.walk(d, max_new_tokens, win, progress, f"walk {name}")
+            st = run_stats(rs, True)
+        else:
+            rs, st = run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed,
+                                  progress, name, decoder, pool)
         if on_result is not None:
             on_result(name, rs, st)
         return rs, st
@@ -412,15 +436,22 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
         runs = {}
         if results is not None:
             results["plain"] = plain
+        if walk:
+            from .walk import Walker, agreement
+            walker = Walker(target, prompts, plain, eos_token_id)
         for name, d in drafters.items():
             res, st = decode(name, d, window)
             if results is not None:
                 results[name] = res
-            st["speedup"] = st["tokens_per_s"] / max(pstats["tokens_per_s"], 1e-9)
-            if prompts:
-                st["speedup_ci95"] = _speedup_ci95(plain, res)
-            if temperature <= 0:
-                st["mismatched_outputs"] = sum(a.tokens != b.tokens for a, b in zip(plain, res))
+            if st["measured_by"] == "decoder":
+                st["speedup"] = st["tokens_per_s"] / max(pstats["tokens_per_s"] or 0.0, 1e-9)
+                if prompts:
+                    st["speedup_ci95"] = _speedup_ci95(plain, res)
+                if temperature <= 0:
+                    st["mismatched_outputs"] = sum(a.tokens != b.tokens for a, b in zip(plain, res))
+                if walker is not None:
+                    st["walk_check"] = agreement(walker.walk(d, max_new_tokens, window, progress,
+                                                             f"walk check {name}"), res)
             out[name] = st
             runs[name] = res
         for name, res in runs.items():
