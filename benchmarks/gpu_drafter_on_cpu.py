@@ -45,7 +45,7 @@ def main() -> int:
                                      "note": "a GPU-trained drafter measured on this CPU (benchmarks/gpu_drafter_on_cpu.py)"})
     r = run_drafter_quant(cfg, out / "04_drafter_quant", runs / "00_data", runs / "01_qad", ft)
     t = r.metrics["table"]
-    print(json.dumps({k: {"tau": round(v["tau"], 3), "ci": v.get("tau_ci95"), "tok/s": round(v.get("tokens_per_s", 0), 2)}
+    print(json.dumps({k: {"tau": round(v["tau"], 3), "ci": v.get("tau_ci95"), "tok/s": round(v.get("tokens_per_s") or 0.0, 2)}
                       for k, v in t.items() if isinstance(v, dict) and "tau" in v}, indent=1))
     return 0
 

@@ -65,11 +65,13 @@ positions.""", [
 
 The **two-stage** drafter finetunes the pretrained one against the QAD target (its dense twin); the **direct**
 ablation trains a new drafter on the QAD target for the same total epochs. The lossless reference decoder then
-runs every drafter (and an untrained one) with the full-precision and the QAD target on held-out prompts.
+runs the two-stage drafter with the full-precision and the QAD target on held-out prompts; the other drafters (and
+an untrained one) are measured by teacher forcing along the plain greedy outputs (`measured by: walk`), which gives
+the decoder's accept lengths without running the verifier, so those rows have no tokens/s or speedup.
 
 **Look at:** tau (mean acceptance length, bonus counted) with its 95% interval over prompts, the acceptance
-rate per draft position, and `greedy mismatches`, which must be 0 (speculation never changes greedy
-output).""", [
+rate per draft position, `greedy mismatches`, which must be 0 (speculation never changes greedy output), and
+`walk = decoder`: the prompts on which the walk of the decoded drafter gave the decoder's accept lengths.""", [
         ("Training loss of the two-stage finetune and the direct ablation:",
          "from qdflash.figures import decoding_table, per_position_plot, training_curves\n\n"
          "training_curves(res.out_dir);"),
@@ -79,8 +81,9 @@ output).""", [
     "04_drafter_quant": ("04_drafter_quant", """# 04 Drafter quantization and sliding-window attention
 
 The two-stage drafter is quantized to INT4 with GPTQ (Hessians from teacher-forced drafter forwards) and to
-INT8 with round-to-nearest; each precision is decoded with and without a sliding window over the drafter's
-context, on the QAD target.
+INT8 with round-to-nearest; each precision is measured with and without a sliding window over the drafter's
+context, on the QAD target: the FP32 drafter without a window is stage 03's decoded run, the other rows are walked
+along the same plain greedy outputs (acceptance and drafter ms/step; their speed is measured on vLLM, stage 05).
 
 **Look at:** whether the quantized drafters keep the FP32 drafter's acceptance (overlapping intervals) at a
 fraction of its disk size, and what the window costs per position.""", [

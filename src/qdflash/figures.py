@@ -220,7 +220,8 @@ def stage_tables(root) -> list[tuple[str, str, pd.DataFrame]]:
 
 def table_markdown(df: pd.DataFrame, title: str, level: int = 3) -> str:
     flat = df.reset_index() if isinstance(df.index, pd.MultiIndex) else df   # one column per index level
-    return f"{'#' * level} {title}\n\n" + flat.to_markdown(floatfmt=".4g", index=flat is df) + "\n"
+    shown = flat.astype(object).where(flat.notna(), None)     # a missing value (e.g. a walked row's tokens/s): "–"
+    return f"{'#' * level} {title}\n\n" + shown.to_markdown(floatfmt=".4g", index=flat is df, missingval="–") + "\n"
 
 
 def tables_markdown(root, level: int = 3, only: set[str] | None = None) -> str:

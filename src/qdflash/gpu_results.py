@@ -102,3 +102,37 @@ def fsdp_table(jsonl: str | Path) -> pd.DataFrame:
         "activation ckpt": "yes" if r.get("activation_checkpointing") else "no",
         "tok/s": round(r["tok_per_s"]), "peak allocated GiB": round(r["max_memory_allocated_gib"], 1),
         "estimate GiB": round(r["estimate_gib"], 1)} for r in rows]).set_index("job")
+
+
+def walk_check_table(path: str | Path) -> pd.DataFrame:
+    """``benchmarks/walk_vs_decoder.py``: teacher-forced acceptance (walk) against the reference decoder, per target
+    and drafter: prompts with identical accept lengths, both taus, the step outcomes compared, and the time of each."""
+    d = json.loads(Path(path).read_text())
+    rows = []
+    for tname, r in d["targets"].items():
+        for name, v in r.items():
+            if not (isinstance(v, dict) and "tau_walk" in v):
+                continue
+            lo, hi = v["tau_decoded_ci95"]
+            rows.append({"target": {"fp": "FP", "qad": "QAD W4A16"}.get(tname, tname), "drafter": name,
+                         "same accept lengths (prompts)": f"{v['prompts_identical']}/{v['prompts']}",
+                         "tau decoded": round(v["tau_decoded"], 3), "tau decoded 95% CI": f"{lo:.3f}–{hi:.3f}",
+                         "tau walked": round(v["tau_walk"], 3), "verify steps": v["steps"],
+                         "steps accepting 1..B": "/".join(map(str, v["accept_length_counts"])),
+                         "greedy mismatches": v["mismatched_outputs"], "decoder s": round(v["decoder_s"], 1),
+                         "walk s": round(v["walk_s"], 1),
+                         "walk: target forwards s (once per target)": round(r["walk_contexts_s"], 1)})
+    return pd.DataFrame(rows).set_index(["target", "drafter"])
+
+
+def dag_times_table(path: str | Path) -> pd.DataFrame:
+    """``benchmarks/dag_compare.py``: seconds per stage (``stage_times.txt``: papermill, kernel start included) of two
+    ``make reproduce`` runs, their ratio, and the totals."""
+    d = json.loads(Path(path).read_text())
+    b, a = d["stage_times"]["before"], d["stage_times"]["after"]
+    rows = [{"stage": k, "before s": b.get(k), "after s": a.get(k),
+             "after / before": round(a[k] / b[k], 2) if b.get(k) and a.get(k) else None} for k in sorted({*a, *b})]
+    tb, ta = d["total_s"]["before"], d["total_s"]["after"]
+    rows.append({"stage": f"total (min: {tb / 60:.1f} -> {ta / 60:.1f})", "before s": tb, "after s": ta,
+                 "after / before": round(ta / tb, 2)})
+    return pd.DataFrame(rows).set_index("stage")

@@ -93,6 +93,15 @@ def extra_tables(preset: str, root: Path) -> str:
         out += ("\nWall time per stage, s (each stage's `metrics.json`): "
                 + ", ".join(f"{k} {v:.0f}" for k, v in st["wall time s"].items()) + ".\n")
     bench = REPO_ROOT / "benchmarks"
+    dag = bench / "dag-compare-smol-walk.json"
+    if preset == "smol" and dag.exists():
+        from .gpu_results import dag_times_table
+        sha = read_json(dag)["git_sha"]
+        out += "\n" + table_markdown(dag_times_table(dag), f"`make reproduce` seconds per stage: the run before "
+                                      f"(stages 00-03 at {sha['before'][:7]}) and this run (at {sha['after'][:7]}), "
+                                      "each alone on the 2-core CPU (`stage_times.txt`, papermill kernel starts "
+                                      "included; `benchmarks/dag-compare-smol-walk.md` also compares the method's "
+                                      "numbers)", 4)
     if preset == "smol" and (bench / "cpu_stages.json").exists():
         t = cpu_speed_table(bench / "cpu_stages.json")
         out += ("\nCPU units, new path / old path (`benchmarks/cpu_stages.py`, one run, `benchmarks/cpu_stages.json`): "
@@ -120,7 +129,8 @@ def extra_tables(preset: str, root: Path) -> str:
                                       f"`benchmarks/smol-gpu-h200/run-1204/`): {m3['eval_prompts']} held-out prompts "
                                       f"x {m3['eval_new_tokens']} tokens, greedy, fp32, CUDA-graph decoder; 95% CI "
                                       "over prompts", 4)
-    from .gpu_results import fsdp_table, plain_decode_table, projection_table, spec_decode_table, verify_cost_table
+    from .gpu_results import (fsdp_table, plain_decode_table, projection_table, spec_decode_table, verify_cost_table,
+                              walk_check_table)
     saved = [  # (saved benchmark output, its table, title), in README order; each shown where its file exists
         (bench / "fast-decode-h200" / "plain-bf16.json", plain_decode_table,
          "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
@@ -132,6 +142,11 @@ def extra_tables(preset: str, root: Path) -> str:
         (bench / "cpu-verify-cost-k.json", verify_cost_table,
          "vLLM on this 2-core CPU, batch 1: QAD W4A16 target + the smol-gpu two-stage drafter (W4A16 GPTQ) against k "
          "drafted tokens, 12 held-out prompts (4 per length tercile) x 96 tokens (`benchmarks/verify_cost_k.py`)"),
+        (bench / "walk-vs-decoder.json", walk_check_table,
+         "Acceptance by teacher forcing (walk) against the reference decoder on this 2-core CPU: the smol-gpu drafters "
+         "on this run's FP and QAD W4A16 targets, 8 held-out prompts x 64 tokens, greedy, fp32, eager "
+         "(`benchmarks/walk_vs_decoder.py`; walk s: the drafter steps, after the target forwards that all drafters of a "
+         "target share)"),
         (bench / "qwen35-projection-h200", projection_table,
          "Qwen3.5-4B shapes on one H200, random weights, eager bf16, batch 1, 1,024-token context: step costs and the "
          "projected speedup tau x t_verify(1) / (t_draft + t_verify(16)), a projection "
