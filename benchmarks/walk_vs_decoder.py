@@ -52,9 +52,10 @@ def main() -> int:
         target = load_model(tspec, "float32", "cpu")
         plain, pst = run_decoding(target, prompts, a.new_tokens, None, 0.0, tok.eos_token_id)
         walker = Walker(target, prompts, plain, tok.eos_token_id)
+        layers = load_drafter(next(iter(drafters.values()))).target_layer_ids
         t0 = time.perf_counter()
         for i in range(len(prompts)):
-            walker.context(i, 16)                    # the continuations and features, once for every drafter
+            walker.context(i, 16, layers)            # the continuations and features, once for every drafter
         ctx_s = time.perf_counter() - t0
         rows = {"plain": {"decode_time_s": pst["decode_time_s"], "tokens_per_s": pst["tokens_per_s"]},
                 "walk_contexts_s": ctx_s}

@@ -147,6 +147,7 @@ def test_walked_runs_are_saved_and_never_stand_for_decoded_ones(grid, tmp_path, 
     assert first["b"]["measured_by"] == "walk" and first["b"]["tokens_per_s"] is None
     assert "speedup" not in first["b"] and "mismatched_outputs" not in first["b"]
     assert first["a"]["measured_by"] == "decoder" and first["a"]["walk_check"]["prompts"] == 2
+    assert first["a"]["walk_check"]["prompts_identical"] == 2
     seen = _count_decodes(monkeypatch)
     again = decode_grid(path, target, settings, drafters, tok.eos_token_id, walk=["a", "b"])
     assert seen == ["c"]                                        # c was walked before, now it is decoded

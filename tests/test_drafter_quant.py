@@ -44,7 +44,8 @@ def test_drafter_quant_stage_outputs(tiny_pipeline):
         for key in (name, f"{name}-swa{W}"):
             # tiny decodes only fp32 without a window (lossless); the other rows are walked along plain greedy
             assert t[key]["measured_by"] == ("decoder" if key == "fp32" else "walk"), key
-            assert t[key].get("mismatched_outputs", 0) == 0
+            if key == "fp32":
+                assert t[key]["mismatched_outputs"] == 0
             lo, hi = t[key]["tau_ci95"]
             assert lo <= t[key]["tau"] <= hi and t[key]["prompts"] == m["eval_prompts"]
     # the unquantized row is stage 03's two-stage drafter on the same QAD target, prompts and decoder: identical

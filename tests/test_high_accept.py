@@ -85,6 +85,16 @@ def test_walk_gives_the_decoders_accept_lengths(fixture, reference):
     assert any(len(p.tokens) < NEW for p in plain)
     walked = Walker(target, prompts, plain, eos).walk(d, NEW)
     assert [r.accept_lengths for r in walked] == [r.accept_lengths for r in dec]
+    # edge cases: the first token is EOS, a budget of one token, a budget of B + 1 (one step, cut mid-block)
+    first = plain[0].tokens[0]
+    for eos_id, n in ((first, NEW), (None, 1), (None, 5)):
+        dec = [generate(target, q, n, d, eos_token_id=eos_id) for q in prompts]
+        pl = [generate(target, q, n, eos_token_id=eos_id) for q in prompts]
+        walked = Walker(target, prompts, pl, eos_id).walk(d, n)
+        assert [r.accept_lengths for r in walked] == [r.accept_lengths for r in dec], (eos_id, n)
+    # plain outputs of another length budget cannot be walked: refused, not misread
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        Walker(target, prompts, [GenResult(tokens=t) for t in reference["plain"]], None).walk(d, NEW + 8)
 
 
 def test_vllm_acceptance_matches_the_reference_per_position(fixture, reference, tmp_path):

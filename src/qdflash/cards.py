@@ -163,6 +163,8 @@ def acceptance(run: Run, ck: Checkpoint) -> list[dict]:
     tname = {"fp": "full precision", "qad": "QAD W4A16"}
 
     def add(target, drafter, decoder, swa, st):
+        if st and st.get("measured_by") == "walk":
+            decoder = "walk along plain greedy (fp32)"
         if st and "tau" in st:
             rows.append({"target": target, "drafter": drafter, "decoder": decoder, "SWA": swa, "st": st})
 

@@ -300,6 +300,8 @@ def _validate(cfg: Any) -> None:
         raise ConfigError(f"decoder must be one of {DECODERS}, not {cfg.decoder!r}")
     if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.tau_by not in TAU_BY:
         raise ConfigError(f"tau_by must be one of {TAU_BY}, not {cfg.tau_by!r}")
+    if isinstance(cfg, DrafterConfig) and cfg.tau_by == "walk" and cfg.temperature > 0:
+        raise ConfigError("tau_by='walk' measures greedy acceptance only: set temperature=0 or tau_by='decode'")
     if isinstance(cfg, DrafterConfig):
         if cfg.block_size < 2:
             raise ConfigError("block_size must be >= 2 (anchor + at least one MASK)")

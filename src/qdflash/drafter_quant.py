@@ -296,7 +296,7 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
     prompts = eval_prompts(data_dir, cfg.eval_prompts)
     reuse = reusable_decodes(Path(finetune_dir) / "decode-qad.json", str(Path(qad_dir) / qm["names"]["qad"]),
                              prompts, cfg)
-    table, per_prompt = {}, {}
+    table, per_prompt, walkers = {}, {}, {}
 
     def walked(swa):       # tau_by "walk": only the fp32 drafter without a window is decoded (or reused from 03)
         return [] if cfg.tau_by != "walk" else [k for k in drafters if swa or k != "fp32"]
@@ -305,7 +305,7 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
         res = compare_with_plain(target, prompts, cfg.eval_new_tokens, drafters, 0.0, tok.eos_token_id,
                                  window=swa, seed=cfg.seed, progress=progress,
                                  reuse=reuse if not swa else {"plain": per_prompt["plain"]}, results=per_prompt,
-                                 decoder=cfg.decoder, walk=walked(swa))
+                                 decoder=cfg.decoder, walk=walked(swa), walkers=walkers)
         table["plain" if not swa else "plain_swa"] = res.pop("plain")
         for k, v in res.items():
             table[k + ("" if not swa else f"-swa{swa}")] = v

@@ -394,7 +394,7 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root, cards: bool = True) -> F
     for name, title, df in stage_tables(runs_root):
         md = table_markdown(df, title)
         atomic_write_text(fig_dir / f"{name}.md", md)
-        atomic_write_text(fig_dir / f"{name}.tex", df.to_latex(float_format="%.4g"))
+        atomic_write_text(fig_dir / f"{name}.tex", df.to_latex(float_format="%.4g", na_rep="–"))
         mds.append(md)
         files += [fig_dir / f"{name}.md", fig_dir / f"{name}.tex"]
     for stage, name, fn in FIGURES:

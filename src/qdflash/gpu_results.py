@@ -47,7 +47,7 @@ def spec_decode_table(path: str | Path) -> pd.DataFrame:
                      "speedup": round(m["speedup"], 3), "predicted": round(m["predicted_speedup"], 3),
                      "differs from plain": f"{vs['mismatched_outputs']}/{vs['of']}",
                      "max logit gap there": max((d["top1_top2_logit_gap"] for d in vs["divergences"]), default=None)})
-    return pd.DataFrame(rows).set_index("drafter").fillna("")
+    return pd.DataFrame(rows).set_index("drafter").astype(object).fillna("")
 
 
 def projection_table(run_dir: str | Path) -> pd.DataFrame:

@@ -391,7 +391,7 @@ def results_from_json(rows: list[dict]) -> list[GenResult]:
 def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperature=0.0, eos_token_id=None,
                        window=None, seed=0, progress=False, reuse: dict | None = None,
                        results: dict | None = None, decoder: str = "eager", on_result=None,
-                       walk: tuple | list | set = ()) -> dict:
+                       walk: tuple | list | set = (), walkers: dict | None = None) -> dict:
     """Plain decoding then each drafter on the same prompts: tau (with its bootstrap interval over prompts),
     per-position rates, tokens/s, speedup (with a paired bootstrap interval over prompts), the paired tau difference
     to every other drafter (``paired_tau_diff``), and (greedy) the number of outputs that differ from plain decoding
@@ -400,7 +400,9 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
     ``walk``: drafters whose acceptance is measured by teacher forcing along the plain greedy outputs
     (``walk.Walker``: tau and per-position rates without the verifier; greedy only) instead of decoding. When any
     drafter walks, every decoded drafter is walked too and its stats get ``walk_check`` (prompts whose accept
-    lengths agree, both taus): the walk's exactness, measured in every run.
+    lengths agree, both taus): the walk's exactness, measured in every run (not for rows reused from an earlier
+    stage, which checked them). ``walkers``: a dict the caller keeps to share one ``Walker`` (its target forwards)
+    between calls on the same target and plain results (e.g. stage 04's passes with and without a window).
 
     ``reuse`` maps "plain" and/or drafter names to results already decoded on exactly these prompts with these
     settings (e.g. by an earlier stage): they are not decoded again, and their stats say ``"reused": true``.
@@ -438,7 +440,11 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
             results["plain"] = plain
         if walk:
             from .walk import Walker, agreement
-            walker = Walker(target, prompts, plain, eos_token_id)
+            walker = (walkers or {}).get("walker")
+            if walker is None or walker.target is not target or walker.plain is not plain:
+                walker = Walker(target, prompts, plain, eos_token_id)
+            if walkers is not None:
+                walkers["walker"] = walker
         for name, d in drafters.items():
             res, st = decode(name, d, window)
             if results is not None:
@@ -449,7 +455,7 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
                     st["speedup_ci95"] = _speedup_ci95(plain, res)
                 if temperature <= 0:
                     st["mismatched_outputs"] = sum(a.tokens != b.tokens for a, b in zip(plain, res))
-                if walker is not None:
+                if walker is not None and not st.get("reused"):
                     st["walk_check"] = agreement(walker.walk(d, max_new_tokens, window, progress,
                                                              f"walk check {name}"), res)
             out[name] = st

@@ -35,27 +35,30 @@ class Walker:
             raise ValueError(f"walk: {len(plain)} plain results for {len(prompts)} prompts")
         self.target, self.prompts, self.plain, self.eos = target, prompts, plain, eos_token_id
         self.dev = next(target.parameters()).device
-        self._ctx: dict[int, tuple[list[int], tuple, int]] = {}
+        self._ctx: dict[int, tuple[list[int], int, dict]] = {}
 
     @torch.no_grad()
-    def context(self, i: int, extra: int) -> tuple[list[int], tuple]:
-        """(prompt + plain tokens + at least ``extra`` greedy tokens after them, the target's hidden states over
-        prompt + plain tokens)."""
-        if i in self._ctx and self._ctx[i][2] >= extra:
-            return self._ctx[i][:2]
+    def context(self, i: int, extra: int, layer_ids) -> tuple[list[int], torch.Tensor]:
+        """(prompt + plain tokens + at least ``extra`` greedy tokens after them, the target's features at
+        ``layer_ids`` over prompt + plain tokens). Kept per prompt: the tokens and the features of each layer set
+        asked for (every drafter of a grid reads the same layers: one target forward per prompt)."""
+        layer_ids = tuple(layer_ids)
+        got = self._ctx.get(i)
+        if got is not None and got[1] >= extra and layer_ids in got[2]:
+            return got[0], got[2][layer_ids]
         from transformers import DynamicCache
         seq = list(self.prompts[i]) + list(self.plain[i].tokens)
         cache = DynamicCache(config=self.target.config)
         out = self.target(input_ids=torch.tensor([seq], device=self.dev), past_key_values=cache, use_cache=True,
                           output_hidden_states=True, logits_to_keep=1)
-        hidden = out.hidden_states
+        feats = {**(got[2] if got is not None else {}), layer_ids: target_features(out.hidden_states, layer_ids)}
         for _ in range(extra):                  # continue greedily, EOS or not: a block may be checked past it
             x = int(out.logits[0, -1].argmax())
             seq.append(x)
             out = self.target(input_ids=torch.tensor([[x]], device=self.dev), past_key_values=cache, use_cache=True,
                               logits_to_keep=1)
-        self._ctx[i] = (seq, hidden, extra)
-        return seq, hidden
+        self._ctx[i] = (seq, extra, feats)
+        return seq, feats[layer_ids]
 
     @torch.no_grad()
     def walk(self, drafter, max_new_tokens: int, window: int | None = None, progress: bool = False,
@@ -71,10 +74,12 @@ class Walker:
         lm_head = self.target.get_output_embeddings()
         out = []
         for i in tqdm(range(len(self.prompts)), desc=desc, disable=not progress):
-            seq, hidden = self.context(i, B)
-            feats = target_features(hidden, drafter.target_layer_ids)
-            start = len(self.prompts[i])
             tokens = list(self.plain[i].tokens)
+            if not tokens or (tokens[-1] != self.eos and len(tokens) != max_new_tokens):
+                raise ValueError(f"walk: plain output {i} has {len(tokens)} tokens and does not end in EOS: it was "
+                                 f"not decoded with max_new_tokens={max_new_tokens} and this EOS id")
+            seq, feats = self.context(i, B, drafter.target_layer_ids)
+            start = len(self.prompts[i])
             res = GenResult(tokens=tokens, block_size=B, walk=True)
             ctx, ctx_pos = feats[:, :start], torch.arange(start, device=self.dev)[None]
             dcache, emitted, x = DraftCache(), 1, seq[start]
