@@ -43,3 +43,25 @@ def test_mismatch_causes_point_at_the_first_differing_token(tiny_target):
     # the reference (the same target, float64 here) recomputes plain greedy's choice there, positive top-2 margin
     assert out[0]["reference_agrees_with"] == "plain" and out[0]["margin"] > 0
     assert mismatch_causes(target, prompts, plain, plain) == []
+
+
+def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch):
+    """The shared worker wrote the first job's result and died: the finished result is kept, the rest run alone
+    (with the caller's environment, not the in-process switch)."""
+    import json
+
+    from qdflash import serving
+    calls = []
+
+    def fake_run_job(job, work, name, env=None, **kw):
+        calls.append((name, dict(env or {})))
+        if job.get("mode") == "jobs":
+            (work / f"result-{name}.json").write_text(json.dumps({"a": {"tokens": [[1]]}}))
+            return {"a": {"tokens": [[1]]}}
+        return {"tokens": [[job["x"]]]}
+
+    monkeypatch.setattr(serving, "run_job", fake_run_job)
+    got = serving.run_jobs({"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}, tmp_path, "off", {"K": "v"})
+    assert got == {"a": {"tokens": [[1]]}, "b": {"tokens": [[2]]}, "c": {"tokens": [[3]]}}
+    assert calls == [("off", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "K": "v"}), ("off-b", {"K": "v"}),
+                     ("off-c", {"K": "v"})]

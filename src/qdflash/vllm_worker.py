@@ -9,6 +9,11 @@ top_p, seed, dtype, max_model_len, max_num_seqs, chunk, partial}. Items are gene
 prompts (one batched ``LLM.generate`` each, continuous batching inside); every finished chunk is appended to
 ``partial`` (JSONL, fsync'd) so a killed run resumes. Sampling is seeded per request (``seed + index``), so the
 output of a prompt does not depend on which batch it landed in.
+
+``mode: "jobs"``: JOB = {jobs: {name: offline job}}; the jobs run one after another in this process, each with its
+own ``LLM`` that is shut down before the next (``serving.run_jobs`` starts it with the engine in-process,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core or worker process to spawn per job, no second import of vLLM).
+OUT is rewritten (temporary file, then rename) after every job, so a crash keeps the finished ones.
 """
 from __future__ import annotations
 
@@ -28,6 +33,14 @@ def run(job: dict) -> dict:
               max_num_seqs=job.get("max_num_seqs", 1), enforce_eager=True, seed=0, disable_log_stats=False,
               speculative_config=spec)
     init_s = time.time() - t0
+    try:
+        return _offline(llm, job, spec, init_s)
+    finally:
+        _close(llm)
+
+
+def _offline(llm, job: dict, spec: dict | None, init_s: float) -> dict:
+    from vllm import SamplingParams
     sp = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=False)
     prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4))            # warm-up
@@ -91,6 +104,40 @@ def regenerate(job: dict) -> dict:
             "output_tokens_per_s": n_tok / max(t_gen, 1e-9)}
 
 
+def _close(llm) -> None:
+    """Shut the engine down now (not at interpreter exit), so that the next job's ``LLM`` starts on free memory."""
+    import gc
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - best effort: an engine that failed to start has nothing to shut down
+        pass
+    del llm
+    gc.collect()
+
+
+def run_many(job: dict, out_path: str) -> dict:
+    res: dict = {}
+    for name, j in job["jobs"].items():
+        try:
+            res[name] = run(j)
+        except Exception as e:  # noqa: BLE001 - one failing job (e.g. a missing kernel) must not lose the others
+            res[name] = _error(e)
+        _write(out_path, res)
+    return res
+
+
+def _error(e: Exception) -> dict:
+    import traceback
+    return {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
+
+
+def _write(path: str, res: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f)
+    os.replace(tmp, path)
+
+
 def _sub(a, b):
     if isinstance(a, list):
         return [x - (y or 0) for x, y in zip(a, b or [0] * len(a))]
@@ -107,15 +154,14 @@ def _counters(llm) -> dict:
 
 def main() -> int:
     job = json.loads(open(sys.argv[1]).read())
+    if job.get("mode") == "jobs":
+        run_many(job, sys.argv[2])
+        return 0
     try:
         res = regenerate(job) if job.get("mode") == "regenerate" else run(job)
     except Exception as e:  # report the real vLLM error (e.g. no CPU kernel for W8A16) instead of crashing
-        import traceback
-        res = {"error": f"{type(e).__name__}: {e}"[:2000], "traceback": traceback.format_exc()[-4000:]}
-    tmp = sys.argv[2] + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f)
-    os.replace(tmp, sys.argv[2])
+        res = _error(e)
+    _write(sys.argv[2], res)
     return 0
 
 
