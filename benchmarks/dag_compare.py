@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
+from qdflash.results import sha_groups  # noqa: E402
+
+
 def from_rev(rev: str, preset: str, into: Path) -> Path:
     data = subprocess.run(["git", "archive", rev, f"results/{preset}"], cwd=ROOT, check=True,
                           capture_output=True).stdout
@@ -87,6 +90,8 @@ def main() -> None:
         tb, ta = stage_times(before), stage_times(a.after)
         mb, ma = method_numbers(before), method_numbers(a.after)
         sha = {k: _m(d, "00_data").get("git_sha") for k, d in (("before", before), ("after", a.after))}
+        stage_sha = {k: {s: _m(d, s).get("git_sha") for s in (tb if k == "before" else ta)}
+                     for k, d in (("before", before), ("after", a.after))}
     stages = sorted(set(tb) | set(ta))
     rows = [(s, tb.get(s), ta.get(s)) for s in stages]
     if set(tb) != set(ta):
@@ -95,6 +100,8 @@ def main() -> None:
     md = [f"# `make reproduce` ({a.preset}), before vs after\n",
           f"before: {a.before_rev or a.before} (stage 00 at {sha['before']}); after: {a.after} (stage 00 at "
           f"{sha['after']}). Wall time per stage from `stage_times.txt` (papermill, kernel start included).\n",
+          "Code of the stages (git SHA in each metrics.json): before " + sha_groups(stage_sha["before"])
+          + "; after " + sha_groups(stage_sha["after"]) + ".\n",
           "| stage | before s | after s | after / before |", "|---|---|---|---|"]
     for s, b, x in rows:
         md.append(f"| {s} | {b if b is not None else '-'} | {x if x is not None else '-'} | "
@@ -107,7 +114,8 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".md").write_text("\n".join(md) + "\n")
     a.out.with_suffix(".json").write_text(json.dumps({
-        "command": " ".join(["python"] + sys.argv), "git_sha": sha, "stage_times": {"before": tb, "after": ta},
+        "command": " ".join(["python"] + sys.argv), "git_sha": sha, "stage_git_sha": stage_sha,
+        "stage_times": {"before": tb, "after": ta},
         "total_s": {"before": tot_b, "after": tot_a}, "method": {"before": mb, "after": ma}}, indent=1) + "\n")
     print("\n".join(md))
 

@@ -347,3 +347,12 @@ def test_git_sha_survives_a_slow_status(monkeypatch):
     assert runio.git_sha() == "abc123-status-unknown"
     monkeypatch.setattr(runio.subprocess, "run", lambda cmd, **kw: (_ for _ in ()).throw(FileNotFoundError("git")))
     assert runio.git_sha() == "unknown"
+
+
+def test_sha_groups_names_each_code_version_with_its_stages():
+    """The README's run-vs-run heading says which code ran which stages (a mixed run must not read as one SHA)."""
+    from qdflash.results import sha_groups
+    assert sha_groups({"00_data": "d8efed7aaaa", "01_qad": "d8efed7aaaa"}) == "d8efed7"
+    assert sha_groups({"00_data": "d8efed7aaaa", "04_drafter_quant": "d8efed7aaaa", "05_serving": "a8b0106bbbb",
+                       "07_figures": "a8b0106bbbb-dirty"}) == "d8efed7 (00-04), a8b0106 (05-07)"
+    assert sha_groups({"00_data": None, "01_qad": "a8b0106"}) == "? (00), a8b0106 (01)"

@@ -20,6 +20,18 @@ README = REPO_ROOT / "README.md"
 BLOCK_RE = re.compile(r"<!-- results:begin preset=(?P<preset>[\w-]+) -->\n(?P<body>.*?)<!-- results:end -->",
                       re.S)
 
+DAG_COMPARE = "dag-compare-smol-inproc.json"      # benchmarks/dag_compare.py of the latest results/smol
+
+
+def sha_groups(by_stage: dict) -> str:
+    """Distinct SHAs of a run's stages, in stage order: "d8efed7" or "d8efed7 (00-04), a8b0106 (05-07)"."""
+    groups: dict[str, list[str]] = {}
+    for stage, sha in by_stage.items():
+        groups.setdefault((sha or "?")[:7], []).append(stage[:2])
+    if len(groups) == 1:
+        return next(iter(groups))
+    return ", ".join(f"{k} ({v[0]}-{v[-1]})" if len(v) > 1 else f"{k} ({v[0]})" for k, v in groups.items())
+
 
 def results_dir(preset: str) -> Path:
     return REPO_ROOT / "results" / preset
@@ -93,19 +105,34 @@ def extra_tables(preset: str, root: Path) -> str:
         out += ("\nWall time per stage, s (each stage's `metrics.json`): "
                 + ", ".join(f"{k} {v:.0f}" for k, v in st["wall time s"].items()) + ".\n")
     bench = REPO_ROOT / "benchmarks"
-    dag = bench / "dag-compare-smol-walk.json"
+    dag = bench / DAG_COMPARE
     if preset == "smol" and dag.exists():
         from .gpu_results import dag_times_table
-        sha = read_json(dag)["git_sha"]
+        d = read_json(dag)
+        code = {k: sha_groups(d["stage_git_sha"][k]) if "stage_git_sha" in d else d["git_sha"][k][:7]
+                for k in ("before", "after")}
         out += "\n" + table_markdown(dag_times_table(dag), f"`make reproduce` seconds per stage: the run before "
-                                      f"(stages 00-03 at {sha['before'][:7]}) and this run (at {sha['after'][:7]}), "
+                                      f"(code at {code['before']}) and this run (at {code['after']}), "
                                       "each alone on the 2-core CPU (`stage_times.txt`, papermill kernel starts "
-                                      "included; `benchmarks/dag-compare-smol-walk.md` also compares the method's "
-                                      "numbers)", 4)
+                                      f"included; `benchmarks/{dag.with_suffix('.md').name}` also compares the "
+                                      "method's numbers)", 4)
     if preset == "smol" and (bench / "cpu_stages.json").exists():
         t = cpu_speed_table(bench / "cpu_stages.json")
         out += ("\nCPU units, new path / old path (`benchmarks/cpu_stages.py`, one run, `benchmarks/cpu_stages.json`): "
                 + ", ".join(f"{u} {r:.2f}x" for u, r in zip(t.index, t["new / old"])) + ".\n")
+    mj = bench / "cpu-machine-vllm-jobs.json"
+    if preset == "smol" and mj.exists():
+        r = read_json(mj)
+        m, v = r["machine"], r["vllm_jobs"]
+        isa = ", ".join(f"{k} {'yes' if x else 'no'}" for k, x in m["flags"].items()
+                        if k.startswith(("amx", "avx512_bf")))
+        out += (f"\nThis CPU (`benchmarks/cpu_machine_and_vllm_jobs.py`, `benchmarks/cpu-machine-vllm-jobs.json`): "
+                f"{m['cores']} cores, {isa}; 2048^3 matmul {m['matmul_bfloat16_2t_gflops']:.0f} GFLOP/s bf16 and "
+                f"{m['matmul_float32_2t_gflops']:.0f} fp32 on {m['cores']} threads. Stage 05's offline vLLM jobs: "
+                f"{v['jobs']} jobs of its shape take {v['old_separate_processes']['wall_s']:.0f} s as separate "
+                f"processes and {v['new_one_process_inproc']['wall_s']:.0f} s in one process with the engine "
+                f"in-process ({v['ratio']:.2f}x, {v['saved_s_per_job']:.0f} s saved per job, same tokens: "
+                f"{'yes' if v['same_tokens'] else 'no'}).\n")
     from .scaling import GPU_RUN, decode_table, scaling_table
     if preset == "smol" and (GPU_RUN / "scaling.json").exists():
         out += ("\n" + table_markdown(scaling_table(), "Drafter scaling on one H200 (`smol-gpu` data, "
