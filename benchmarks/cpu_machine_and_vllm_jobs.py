@@ -1,6 +1,7 @@
 """What this CPU does, and what stage 05's one-process vLLM jobs save (issue 13). One run, one machine:
 
-    .venv/bin/python benchmarks/cpu_machine_and_vllm_jobs.py --data runs/smol/00_data --out benchmarks/cpu-machine-vllm-jobs.json
+    .venv/bin/python benchmarks/cpu_machine_and_vllm_jobs.py --data runs/smol/00_data \
+        --out benchmarks/cpu-machine-vllm-jobs.json
 
 * machine: the ISA flags that decide the bf16 path (``amx_bf16`` / ``amx_tile``: Intel AMX; ``avx512_bf16``), and
   a square matmul (2048^3, median of 5) in bf16 and fp32 on 1 thread and on every core. Issue 13's budget (the

@@ -356,3 +356,5 @@ def test_sha_groups_names_each_code_version_with_its_stages():
     assert sha_groups({"00_data": "d8efed7aaaa", "04_drafter_quant": "d8efed7aaaa", "05_serving": "a8b0106bbbb",
                        "07_figures": "a8b0106bbbb-dirty"}) == "d8efed7 (00-04), a8b0106 (05-07)"
     assert sha_groups({"00_data": None, "01_qad": "a8b0106"}) == "? (00), a8b0106 (01)"
+    assert sha_groups({"00_data": "aaaaaaa", "01_qad": "aaaaaaa", "02_drafter_pretrain": "bbbbbbb",
+                       "03_drafter_finetune": "aaaaaaa"}) == "aaaaaaa (00-01/03), bbbbbbb (02)"

@@ -183,15 +183,17 @@ def test_drafter_without_fc_quantized_loads_in_vllm(tiny32, tmp_path):
                  "dtype": "bfloat16", "max_model_len": 256}, tmp_path, "nofc")
     assert "error" not in r, r.get("error")
     assert len(r["tokens"][0]) == 8 and r["counters"]["vllm:spec_decode_num_drafts"] > 0
-    # the same job after a plain one, both in one worker process with the engine in-process (stage 05's run_jobs):
-    # the second LLM starts after the first is shut down and gives the separate process's tokens and counters
+    # the same job twice around a plain one, all in one worker process with the engine in-process (stage 05's
+    # run_jobs): each LLM starts after the one before is shut down, and each speculative job gives the separate
+    # process's tokens and counters (none carried over from the first)
     from qdflash.serving import run_jobs
     job = {"target": str(Path(resolve_target("tiny")).resolve()), "drafter": str(p.resolve()),
            "num_speculative_tokens": 3, "prompts": [prompt_ids(tok, "tell me about the moon")], "max_tokens": 8,
            "dtype": "bfloat16", "max_model_len": 256}
-    both = run_jobs({"plain": {**job, "drafter": None}, "nofc": job}, tmp_path, "both")
-    assert "error" not in both["nofc"], both["nofc"].get("error")
-    assert both["nofc"]["tokens"] == r["tokens"] and both["nofc"]["counters"] == r["counters"]
+    both = run_jobs({"nofc": job, "plain": {**job, "drafter": None}, "nofc2": job}, tmp_path, "both")
+    for k in ("nofc", "nofc2"):
+        assert "error" not in both[k], both[k].get("error")
+        assert both[k]["tokens"] == r["tokens"] and both[k]["counters"] == r["counters"]
     assert len(both["plain"]["tokens"][0]) == 8 and not both["plain"]["counters"].get("vllm:spec_decode_num_drafts")
-    assert set(json.loads((tmp_path / "result-both.json").read_text())) == {"plain", "nofc"}   # not the fallback
+    assert {k: v["engine"] for k, v in both.items()} == dict.fromkeys(("nofc", "plain", "nofc2"), "in-process")
     assert "(EngineCore" not in (tmp_path / "log-both.txt").read_text()      # no engine-core process: in-process

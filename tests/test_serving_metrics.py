@@ -45,23 +45,32 @@ def test_mismatch_causes_point_at_the_first_differing_token(tiny_target):
     assert mismatch_causes(target, prompts, plain, plain) == []
 
 
-def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch):
-    """The shared worker wrote the first job's result and died: the finished result is kept, the rest run alone
-    (with the caller's environment, not the in-process switch)."""
+@pytest.mark.parametrize("dies", ["returns", "RuntimeError", "TimeoutExpired"])
+def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch, dies):
+    """The shared worker wrote the first job's result and stopped (it returned, or run_job raised because the worker
+    exited or timed out): the finished result is kept, the rest run alone with the caller's environment (not the
+    in-process switch) and say so; the shared worker's time limit grows with the number of jobs."""
     import json
+    import subprocess
 
     from qdflash import serving
     calls = []
 
-    def fake_run_job(job, work, name, env=None, **kw):
-        calls.append((name, dict(env or {})))
+    def fake_run_job(job, work, name, env=None, timeout=None, **kw):
+        calls.append((name, dict(env or {}), timeout))
         if job.get("mode") == "jobs":
-            (work / f"result-{name}.json").write_text(json.dumps({"a": {"tokens": [[1]]}}))
-            return {"a": {"tokens": [[1]]}}
+            (work / f"result-{name}.json").write_text(json.dumps({"a": {"tokens": [[1]], "engine": "in-process"}}))
+            if dies == "RuntimeError":
+                raise RuntimeError("vLLM job off exited -11")
+            if dies == "TimeoutExpired":
+                raise subprocess.TimeoutExpired("worker", timeout)
+            return {}
         return {"tokens": [[job["x"]]]}
 
     monkeypatch.setattr(serving, "run_job", fake_run_job)
-    got = serving.run_jobs({"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}, tmp_path, "off", {"K": "v"})
-    assert got == {"a": {"tokens": [[1]]}, "b": {"tokens": [[2]]}, "c": {"tokens": [[3]]}}
-    assert calls == [("off", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "K": "v"}), ("off-b", {"K": "v"}),
-                     ("off-c", {"K": "v"})]
+    got = serving.run_jobs({"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}, tmp_path, "off", {"K": "v"},
+                           timeout_per_job=10)
+    assert got == {"a": {"tokens": [[1]], "engine": "in-process"}, "b": {"tokens": [[2]], "engine": "own process"},
+                   "c": {"tokens": [[3]], "engine": "own process"}}
+    assert calls == [("off", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "K": "v"}, 30), ("off-b", {"K": "v"}, 10),
+                     ("off-c", {"K": "v"}, 10)]

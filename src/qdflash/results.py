@@ -24,13 +24,26 @@ DAG_COMPARE = "dag-compare-smol-inproc.json"      # benchmarks/dag_compare.py of
 
 
 def sha_groups(by_stage: dict) -> str:
-    """Distinct SHAs of a run's stages, in stage order: "d8efed7" or "d8efed7 (00-04), a8b0106 (05-07)"."""
-    groups: dict[str, list[str]] = {}
+    """Distinct SHAs (7 characters; stage 07's ``-dirty`` dropped, the README says why) of a run's stages in stage
+    order, each with its runs of consecutive stages: "d8efed7", "d8efed7 (00-04), a8b0106 (05-07)",
+    "a (00-01/03), b (02)"."""
+    runs: list[list] = []                       # [sha, first stage, last stage] per run of equal SHAs
     for stage, sha in by_stage.items():
-        groups.setdefault((sha or "?")[:7], []).append(stage[:2])
+        sha = (sha or "?")[:7]
+        if runs and runs[-1][0] == sha:
+            runs[-1][2] = stage[:2]
+        else:
+            runs.append([sha, stage[:2], stage[:2]])
+    groups: dict[str, list[str]] = {}
+    for sha, a, b in runs:
+        groups.setdefault(sha, []).append(a if a == b else f"{a}-{b}")
     if len(groups) == 1:
         return next(iter(groups))
-    return ", ".join(f"{k} ({v[0]}-{v[-1]})" if len(v) > 1 else f"{k} ({v[0]})" for k, v in groups.items())
+    return ", ".join(f"{k} ({'/'.join(v)})" for k, v in groups.items())
+
+
+def _span(xs: list[float]) -> str:
+    return f"{min(xs):.1f}-{max(xs):.1f}"
 
 
 def results_dir(preset: str) -> Path:
@@ -124,6 +137,7 @@ def extra_tables(preset: str, root: Path) -> str:
     if preset == "smol" and mj.exists():
         r = read_json(mj)
         m, v = r["machine"], r["vllm_jobs"]
+        o, n = v["old_separate_processes"], v["new_one_process_inproc"]
         isa = ", ".join(f"{k} {'yes' if x else 'no'}" for k, x in m["flags"].items()
                         if k.startswith(("amx", "avx512_bf")))
         out += (f"\nThis CPU (`benchmarks/cpu_machine_and_vllm_jobs.py`, `benchmarks/cpu-machine-vllm-jobs.json`): "
@@ -132,7 +146,9 @@ def extra_tables(preset: str, root: Path) -> str:
                 f"{v['jobs']} jobs of its shape take {v['old_separate_processes']['wall_s']:.0f} s as separate "
                 f"processes and {v['new_one_process_inproc']['wall_s']:.0f} s in one process with the engine "
                 f"in-process ({v['ratio']:.2f}x, {v['saved_s_per_job']:.0f} s saved per job, same tokens: "
-                f"{'yes' if v['same_tokens'] else 'no'}).\n")
+                f"{'yes' if v['same_tokens'] else 'no'}); engine start {_span(o['engine_start_s'])} s against "
+                f"{_span(n['engine_start_s'])} s, generation {_span(o['generate_s'])} s against "
+                f"{_span(n['generate_s'])} s per job (one run, old before new).\n")
     from .scaling import GPU_RUN, decode_table, scaling_table
     if preset == "smol" and (GPU_RUN / "scaling.json").exists():
         out += ("\n" + table_markdown(scaling_table(), "Drafter scaling on one H200 (`smol-gpu` data, "

@@ -93,21 +93,27 @@ def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, tim
 
 
 def run_jobs(jobs: dict[str, dict], work: Path, name: str, extra_env: dict | None = None,
-             timeout: int = 3600) -> dict[str, dict]:
+             timeout_per_job: int = 900) -> dict[str, dict]:
     """Several offline jobs in one ``qdflash.vllm_worker`` process, one after another, the engine in-process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM is imported once and no engine-core or worker process is spawned
-    per job (measured on the 2-core CPU, SmolLM2 bf16: an engine starts in ~5 s in-process against ~17 s plus a
-    ~7 s import as its own process). Every job gets its own ``LLM`` with the job's settings, so results are those
-    of ``run_job``; a job that the worker did not finish (it crashed) is rerun alone with ``run_job``."""
+    per job (``benchmarks/cpu_machine_and_vllm_jobs.py`` times both ways). Every job gets its own ``LLM`` with the
+    job's settings. A job the shared worker did not finish (it raised, crashed or timed out) and every job after it
+    run alone with ``run_job``, with a warning; each result says where it ran (``engine``)."""
     work = Path(work).resolve()
     of = work / f"result-{name}.json"
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(extra_env or {})}
     try:
-        run_job({"mode": "jobs", "jobs": jobs}, work, name, env, timeout=timeout)
-    except (RuntimeError, subprocess.TimeoutExpired):
-        pass                                    # nothing or part written: the rest runs alone below
+        run_job({"mode": "jobs", "jobs": jobs}, work, name, env, timeout=timeout_per_job * len(jobs))
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"vLLM jobs: the shared worker stopped ({type(e).__name__}); see {work}/log-{name}.txt", flush=True)
     done = json.loads(of.read_text()) if of.exists() else {}
-    return {k: done[k] if k in done else run_job(j, work, f"{name}-{k}", extra_env) for k, j in jobs.items()}
+    out = {}
+    for k, j in jobs.items():
+        if k not in done:
+            print(f"vLLM jobs: {k} runs in its own process", flush=True)
+        out[k] = done[k] if k in done else {**run_job(j, work, f"{name}-{k}", extra_env, timeout=timeout_per_job),
+                                            "engine": "own process"}
+    return out
 
 
 def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
@@ -315,8 +321,9 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
     jobs = run_jobs(todo, work, "offline")          # one process; the SWA job needs its own (the plugin patches
     W = dq.get("swa_window")                        # vLLM's DFlash attention when the process loads it)
     if W:
-        jobs[f"qad-w4a16-swa{W}"] = run_job({**base, "target": qad_target, "drafter": drafters["w4a16"]}, work,
-                                            f"qad-w4a16-swa{W}", {"QDFLASH_DFLASH_SWA_WINDOW": str(W)})
+        jobs[f"qad-w4a16-swa{W}"] = {**run_job({**base, "target": qad_target, "drafter": drafters["w4a16"]}, work,
+                                               f"qad-w4a16-swa{W}", {"QDFLASH_DFLASH_SWA_WINDOW": str(W)}),
+                                     "engine": "own process"}
     table = {}
     for k, r in jobs.items():
         if "error" in r:
@@ -325,7 +332,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
         tname = k.split("-")[0]
         plain = jobs[f"{tname}-plain"]
         row = {"output_tokens_per_s": r["output_tokens_per_s"], "init_s": r["init_s"],
-               "output_tokens": r["output_tokens"]}
+               "output_tokens": r["output_tokens"], "engine": r.get("engine")}
         if "tau" in r:
             row.update(vllm_acceptance_ci(r.get("per_prompt") or []))
             row.update({"tau": r["tau"], "per_position": r["per_position"],

@@ -13,7 +13,8 @@ output of a prompt does not depend on which batch it landed in.
 ``mode: "jobs"``: JOB = {jobs: {name: offline job}}; the jobs run one after another in this process, each with its
 own ``LLM`` that is shut down before the next (``serving.run_jobs`` starts it with the engine in-process,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core or worker process to spawn per job, no second import of vLLM).
-OUT is rewritten (temporary file, then rename) after every job, so a crash keeps the finished ones.
+OUT is rewritten (temporary file, then rename) after every job, so a crash keeps the finished ones; the first job
+that raises ends the run (``run_many``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import time
 
 
 def run(job: dict) -> dict:
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     spec = None
     if job.get("drafter"):
         spec = {"method": "dflash", "model": job["drafter"], "num_speculative_tokens": job["num_speculative_tokens"]}
@@ -116,12 +117,15 @@ def _close(llm) -> None:
 
 
 def run_many(job: dict, out_path: str) -> dict:
+    """Stops at the first job that raises: an engine that failed half-way may leave state behind, so that job and
+    the ones after it are left out of OUT and the caller runs each alone (its error is then its own)."""
     res: dict = {}
     for name, j in job["jobs"].items():
         try:
-            res[name] = run(j)
-        except Exception as e:  # noqa: BLE001 - one failing job (e.g. a missing kernel) must not lose the others
-            res[name] = _error(e)
+            res[name] = {**run(j), "engine": "in-process"}
+        except Exception as e:  # noqa: BLE001 - reported on the console; the caller reruns it alone
+            print(f"jobs: {name} failed in the shared process ({type(e).__name__}: {e}); stopping", flush=True)
+            break
         _write(out_path, res)
     return res
 
