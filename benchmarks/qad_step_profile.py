@@ -31,7 +31,7 @@ def main() -> None:
     from qdflash.models import load_model, resolve_target
     from qdflash.qad import collate, kl_loss
     from qdflash.quant import FakeQuantLinear, load_fake_quant_model
-    from qdflash.runio import git_sha
+    from qdflash.runio import cpu_info, git_sha
     cfg = load_config(QADConfig, "smol")
     runs = Path(a.runs)
     base = resolve_target(cfg.target)
@@ -46,7 +46,7 @@ def main() -> None:
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=0.0, fused=True)
     batch = collate(load_split(runs / "00_data", "train")[: cfg.batch_size], cfg.seq_len, teacher.config.eos_token_id)
     valid = int(batch["attention_mask"].sum())
-    lines = [f"command: python {' '.join(sys.argv)}", f"git: {git_sha()}  torch threads: {torch.get_num_threads()}",
+    lines = [f"command: python {' '.join(sys.argv)}", f"git: {git_sha()}  torch threads: {torch.get_num_threads()}  cpu: {cpu_info()}",
              f"batch {tuple(batch['input_ids'].shape)}: {valid} valid tokens of {batch['input_ids'].numel()}; "
              f"trainable latents {sum(p.numel() for p in params)}"]
 
@@ -64,12 +64,18 @@ def main() -> None:
         _, to = timed(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
         lines.append(f"teacher forward {tt:.2f} s | kl_loss (teacher + student forward + KL) {tf:.2f} s | "
                      f"backward {tb:.2f} s | AdamW {to:.2f} s | step {tf + tb + to:.2f} s")
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         loss, _ = kl_loss(student, teacher, batch, cfg.kl_chunk_tokens, torch.bfloat16)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    lines.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    ev = prof.key_averages()
+    mm = [e for e in ev if e.key in ("aten::mm", "aten::addmm", "aten::bmm")]
+    flops, secs = sum(e.flops for e in mm), sum(e.self_cpu_time_total for e in mm) / 1e6
+    total = sum(e.self_cpu_time_total for e in ev) / 1e6
+    lines.append(f"matmuls (aten::mm/addmm/bmm): {flops / 1e12:.2f} TFLOP in {secs:.2f} s = {flops / secs / 1e9:.0f} "
+                 f"GFLOP/s achieved; {secs / total:.0%} of the step's self CPU time ({total:.2f} s)")
+    lines.append(ev.table(sort_by="self_cpu_time_total", row_limit=15))
     Path(a.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -358,3 +358,22 @@ def test_sha_groups_names_each_code_version_with_its_stages():
     assert sha_groups({"00_data": None, "01_qad": "a8b0106"}) == "? (00), a8b0106 (01)"
     assert sha_groups({"00_data": "aaaaaaa", "01_qad": "aaaaaaa", "02_drafter_pretrain": "bbbbbbb",
                        "03_drafter_finetune": "aaaaaaa"}) == "aaaaaaa (00-01/03), bbbbbbb (02)"
+
+
+def test_qad_profile_reads_the_matmul_share_and_the_median_step(tmp_path):
+    from qdflash.gpu_results import qad_profile
+    p = tmp_path / "prof.txt"
+    p.write_text("teacher forward 1.0 s | kl_loss 2.0 s | backward 3.0 s | AdamW 0.1 s | step 9.00 s\n"
+                 "teacher forward 1.0 s | kl_loss 2.0 s | backward 3.0 s | AdamW 0.1 s | step 5.00 s\n"
+                 "teacher forward 1.0 s | kl_loss 2.0 s | backward 3.0 s | AdamW 0.1 s | step 6.00 s\n"
+                 "        Name    Self CPU %      Self CPU   CPU total %\n"
+                 "  aten::mmx  1.00%  9.000s  1.00%\n"
+                 "  aten::mm   40.00%  1500.000ms  40.00%\n"
+                 "  aten::copy_  10.00%  250.000us  10.00%\n"
+                 "Self CPU time total: 4.000s\n")
+    q = qad_profile(p)
+    assert (q["step_s"], q["mm_s"], q["profiled_s"]) == (6.0, 1.5, 4.0)
+    assert q["rest_s"] == pytest.approx(2.5) and q["mm_share"] == pytest.approx(0.375)
+    p.write_text("no profile here\n")
+    with pytest.raises(ValueError, match="not a qad_step_profile output"):
+        qad_profile(p)

@@ -153,3 +153,18 @@ def test_drafter_training_resumed_mid_epoch_equals_uninterrupted(tmp_path, monke
     assert len(log) == 10
     for (n, p), q in zip(a.named_parameters(), b2.parameters()):
         assert torch.equal(p, q), n
+
+
+def test_run_json_names_the_cpu_and_its_bf16_isa(tmp_path):
+    from qdflash.runio import cpu_info, start_run
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n\n"
+                    "processor\t: 1\nmodel name\t: Other\nflags\t\t: fpu amx_bf16\n")
+    info = cpu_info(fake)                   # first processor's model and flags; absent flags are False
+    assert (info["model"], info["avx512_bf16"], info["amx_tile"], info["amx_bf16"]) == ("Some Xeon", True, True, False)
+    assert "model" not in cpu_info(tmp_path / "missing")
+    from qdflash.config import QADConfig
+    import json
+    d = start_run(tmp_path / "run", load_config(QADConfig, "tiny"), "01_qad")
+    run = json.loads((d / "run.json").read_text())
+    assert run["cpu"]["cores"] >= 1 and run["torch_threads"] == torch.get_num_threads()

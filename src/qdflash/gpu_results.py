@@ -5,8 +5,10 @@ estimate (``benchmarks/fsdp_steps.py``)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 
@@ -125,14 +127,37 @@ def walk_check_table(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["target", "drafter"])
 
 
-def dag_times_table(path: str | Path) -> pd.DataFrame:
+def dag_times_table(path: str | Path, labels: tuple[str, str] = ("before s", "after s")) -> pd.DataFrame:
     """``benchmarks/dag_compare.py``: seconds per stage (``stage_times.txt``: papermill, kernel start included) of two
-    ``make reproduce`` runs, their ratio, and the totals."""
+    ``make reproduce`` runs, their ratio, and the totals; ``labels`` name the two runs' columns."""
     d = json.loads(Path(path).read_text())
     b, a = d["stage_times"]["before"], d["stage_times"]["after"]
-    rows = [{"stage": k, "before s": b.get(k), "after s": a.get(k),
-             "after / before": round(a[k] / b[k], 2) if b.get(k) and a.get(k) else None} for k in sorted({*a, *b})]
+    lb, la = labels
+    ratio = f"{la.removesuffix(' s')} / {lb.removesuffix(' s')}"
+    rows = [{"stage": k, lb: b.get(k), la: a.get(k),
+             ratio: round(a[k] / b[k], 2) if b.get(k) and a.get(k) else None} for k in sorted({*a, *b})]
     tb, ta = d["total_s"]["before"], d["total_s"]["after"]
-    rows.append({"stage": f"total (min: {tb / 60:.1f} -> {ta / 60:.1f})", "before s": tb, "after s": ta,
-                 "after / before": round(ta / tb, 2)})
+    rows.append({"stage": f"total (min: {tb / 60:.1f} -> {ta / 60:.1f})", lb: tb, la: ta, ratio: round(ta / tb, 2)})
     return pd.DataFrame(rows).set_index("stage")
+
+
+def _secs(tok: str) -> float:
+    """A torch.profiler time cell ('3.252s', '630.139ms', '216.097us') in seconds."""
+    for unit, f in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+        if tok.endswith(unit):
+            return float(tok[: -len(unit)]) * f
+    raise ValueError(f"not a profiler time: {tok!r}")
+
+
+def qad_profile(path: str | Path) -> dict:
+    """``benchmarks/qad_step_profile.py`` output: the median timed step and, from the profiled step, the self time
+    of ``aten::mm`` against the step's total self time (the share the matmul units decide)."""
+    text = Path(path).read_text()
+    steps = [float(m) for m in re.findall(r"\| step ([0-9.]+) s", text)]
+    mm = next((line for line in text.splitlines() if line.split()[:1] == ["aten::mm"]), None)
+    total = re.search(r"Self CPU time total: ([0-9.]+[mu]?s)", text)
+    if not steps or mm is None or total is None:
+        raise ValueError(f"{path}: not a qad_step_profile output")
+    mm_s, total_s = _secs(mm.split()[2]), _secs(total.group(1))
+    return {"step_s": float(np.median(steps)), "mm_s": mm_s, "profiled_s": total_s, "mm_share": mm_s / total_s,
+            "rest_s": total_s - mm_s}

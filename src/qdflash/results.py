@@ -21,6 +21,7 @@ BLOCK_RE = re.compile(r"<!-- results:begin preset=(?P<preset>[\w-]+) -->\n(?P<bo
                       re.S)
 
 DAG_COMPARE = "dag-compare-smol-inproc.json"      # benchmarks/dag_compare.py of the latest results/smol
+DAG_COMPARE_AMX = "dag-compare-smol-amx.json"     # results/smol against the same code on an Intel CPU with AMX
 
 
 def sha_groups(by_stage: dict) -> str:
@@ -40,6 +41,22 @@ def sha_groups(by_stage: dict) -> str:
     if len(groups) == 1:
         return next(iter(groups))
     return ", ".join(f"{k} ({'/'.join(v)})" for k, v in groups.items())
+
+
+def _machine_line(path: Path, who: str) -> str:
+    r = read_json(path)
+    m, v = r["machine"], r["vllm_jobs"]
+    o, n = v["old_separate_processes"], v["new_one_process_inproc"]
+    isa = ", ".join(f"{k} {'yes' if x else 'no'}" for k, x in m["flags"].items() if k.startswith(("amx", "avx512_bf")))
+    return (f"\n{who} (`benchmarks/cpu_machine_and_vllm_jobs.py`, `benchmarks/{path.name}`): "
+            f"{m['cores']} cores, {isa}; 2048^3 matmul {m['matmul_bfloat16_2t_gflops']:.0f} GFLOP/s bf16 and "
+            f"{m['matmul_float32_2t_gflops']:.0f} fp32 on {m['cores']} threads "
+            f"({m['matmul_bfloat16_1t_gflops']:.0f} and {m['matmul_float32_1t_gflops']:.0f} on one). Stage 05's "
+            f"offline vLLM jobs: {v['jobs']} jobs of its shape take {o['wall_s']:.0f} s as separate processes and "
+            f"{n['wall_s']:.0f} s in one process with the engine in-process ({v['ratio']:.2f}x, "
+            f"{v['saved_s_per_job']:.0f} s saved per job, same tokens: {'yes' if v['same_tokens'] else 'no'}); "
+            f"engine start {_span(o['engine_start_s'])} s against {_span(n['engine_start_s'])} s, generation "
+            f"{_span(o['generate_s'])} s against {_span(n['generate_s'])} s per job (one run, old before new).\n")
 
 
 def _span(xs: list[float]) -> str:
@@ -133,22 +150,30 @@ def extra_tables(preset: str, root: Path) -> str:
         t = cpu_speed_table(bench / "cpu_stages.json")
         out += ("\nCPU units, new path / old path (`benchmarks/cpu_stages.py`, one run, `benchmarks/cpu_stages.json`): "
                 + ", ".join(f"{u} {r:.2f}x" for u, r in zip(t.index, t["new / old"])) + ".\n")
-    mj = bench / "cpu-machine-vllm-jobs.json"
-    if preset == "smol" and mj.exists():
-        r = read_json(mj)
-        m, v = r["machine"], r["vllm_jobs"]
-        o, n = v["old_separate_processes"], v["new_one_process_inproc"]
-        isa = ", ".join(f"{k} {'yes' if x else 'no'}" for k, x in m["flags"].items()
-                        if k.startswith(("amx", "avx512_bf")))
-        out += (f"\nThis CPU (`benchmarks/cpu_machine_and_vllm_jobs.py`, `benchmarks/cpu-machine-vllm-jobs.json`): "
-                f"{m['cores']} cores, {isa}; 2048^3 matmul {m['matmul_bfloat16_2t_gflops']:.0f} GFLOP/s bf16 and "
-                f"{m['matmul_float32_2t_gflops']:.0f} fp32 on {m['cores']} threads. Stage 05's offline vLLM jobs: "
-                f"{v['jobs']} jobs of its shape take {v['old_separate_processes']['wall_s']:.0f} s as separate "
-                f"processes and {v['new_one_process_inproc']['wall_s']:.0f} s in one process with the engine "
-                f"in-process ({v['ratio']:.2f}x, {v['saved_s_per_job']:.0f} s saved per job, same tokens: "
-                f"{'yes' if v['same_tokens'] else 'no'}); engine start {_span(o['engine_start_s'])} s against "
-                f"{_span(n['engine_start_s'])} s, generation {_span(o['generate_s'])} s against "
-                f"{_span(n['generate_s'])} s per job (one run, old before new).\n")
+    for name, who in (("cpu-machine-vllm-jobs.json", "The CPU of results/smol"),
+                      ("cpu-machine-vllm-jobs-amx.json", "The Intel CPU with AMX")):
+        if preset == "smol" and (bench / name).exists():
+            out += _machine_line(bench / name, who)
+    amx = bench / DAG_COMPARE_AMX
+    if preset == "smol" and amx.exists():
+        from .gpu_results import dag_times_table, qad_profile
+        d = read_json(amx)
+        out += "\n" + table_markdown(
+            dag_times_table(amx, ("no AMX s", "AMX s")),
+            f"`make reproduce` seconds per stage on two 2-core CPUs: results/smol (no AMX; code at "
+            f"{sha_groups(d['stage_git_sha']['before'])}) and `benchmarks/cpu-amx-run/smol` (an Intel Xeon with "
+            f"AMX; code at {sha_groups(d['stage_git_sha']['after'])}), each alone on its machine "
+            f"(`benchmarks/{amx.with_suffix('.md').name}` also compares the method's numbers)", 4)
+        prof = {k: bench / f for k, f in (("no AMX", "qad-step-profile.txt"), ("AMX", "qad-step-profile-amx.txt"))}
+        if all(p.exists() for p in prof.values()):
+            q = {k: qad_profile(p) for k, p in prof.items()}
+            out += ("\nOne `smol` QAD step (4 x 256 tokens, `benchmarks/qad_step_profile.py`, `benchmarks/"
+                    "qad-step-profile*.txt`), median step and the profiled step's self time split into matmuls / "
+                    "the rest (elementwise fake-quant, norms and activations, attention, softmax, optimizer): "
+                    + "; ".join(f"{k} {v['step_s']:.1f} s, {v['mm_s']:.2f} / {v['rest_s']:.2f} s"
+                                for k, v in q.items())
+                    + f". The AMX machine runs the matmuls {q['no AMX']['mm_s'] / q['AMX']['mm_s']:.2f}x as fast and "
+                    f"the rest {q['no AMX']['rest_s'] / q['AMX']['rest_s']:.2f}x as fast.\n")
     from .scaling import GPU_RUN, decode_table, scaling_table
     if preset == "smol" and (GPU_RUN / "scaling.json").exists():
         out += ("\n" + table_markdown(scaling_table(), "Drafter scaling on one H200 (`smol-gpu` data, "

@@ -85,15 +85,40 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
+def cpu_info(path: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
+    """The CPU a run ran on: model name, logical cores, and the ISA flags that decide the bf16 path (AMX tiles,
+    avx512_bf16). Linux only; elsewhere just the core count."""
+    out: dict[str, Any] = {"cores": os.cpu_count()}
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        if key.strip() == "model name" and "model" not in out:
+            out["model"] = val.strip()
+        elif key.strip() == "flags":
+            flags = set(val.split())
+            out.update({k: k in flags for k in ("amx_bf16", "amx_tile", "avx512_bf16")})
+            break
+    return out
+
+
 def start_run(out_dir: str | Path, cfg: Any, stage: str) -> Path:
     """Create the run directory and record config.json + run.json (git SHA, host, start time)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", {"stage": stage, **to_dict(cfg)})
     write_json(out / "run.json", {"stage": stage, "git_sha": git_sha(), "python": sys.version.split()[0],
-                                  "platform": platform.platform(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                  "platform": platform.platform(), "cpu": cpu_info(),
+                                  "torch_threads": _torch_threads(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                   "argv": sys.argv})
     return out
+
+
+def _torch_threads() -> int | None:
+    torch = sys.modules.get("torch")            # only if the stage already imported it (no import for this)
+    return torch.get_num_threads() if torch is not None else None
 
 
 def finish_run(out_dir: str | Path, metrics: dict[str, Any], t0: float) -> dict[str, Any]:
