@@ -30,10 +30,11 @@ def main() -> None:
     from qdflash.runio import provenance, write_json
     over = {"batch_size": args.batch} if args.batch else {}
     cfg = load_config(DrafterConfig, args.preset, **over)
-    target = load_model("smol", cfg.dtype)
-    tok = load_tokenizer("smol")
+    spec = json.load(open(f"{args.data}/config.json"))["target"]
+    target = load_model(spec, cfg.dtype)
+    tok = load_tokenizer(spec)
     rows = load_split(args.data, "train")
-    feats = stage_features(target, resolve_target("smol"), rows, cfg, False)
+    feats = stage_features(target, resolve_target(spec), rows, cfg, False)
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_token_id(tok, cfg.mask_token_id),
                     cfg.intermediate_size, cfg.seed, cfg.init, cfg.train_window).to(target.device)
     d.float().train()
@@ -43,7 +44,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     order = torch.randperm(len(rows), generator=gen).tolist()
     gamma = cfg.gamma or default_gamma(cfg.block_size)
-    sync = torch.cuda.synchronize
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     t = {"features": [], "make_batch": [], "fwd_bwd": [], "optimizer": [], "step": []}
     toks, sup = [], []
     for s in range(args.steps):
@@ -77,14 +79,16 @@ def main() -> None:
     # FLOPs: drafter fwd+bwd 6 x params x block tokens; lm_head fwd + bwd (input grad) 4 x H x V x supervised
     blocks = cfg.batch_size * cfg.num_anchors * cfg.block_size
     flops = 6 * n_params * blocks + 4 * H * V * (sum(sup[skip:]) / len(sup[skip:]))
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    a @ a
-    sync()
-    p0 = time.perf_counter()
-    for _ in range(10):
+    peak = float("nan")
+    if cuda:
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         a @ a
-    sync()
-    peak = 10 * 2 * 8192 ** 3 / (time.perf_counter() - p0)
+        sync()
+        p0 = time.perf_counter()
+        for _ in range(10):
+            a @ a
+        sync()
+        peak = 10 * 2 * 8192 ** 3 / (time.perf_counter() - p0)
     out = {"command": "python benchmarks/drafter_step_profile.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
            "provenance": provenance(), "preset": args.preset, "batch_size": cfg.batch_size,
            "num_anchors": cfg.num_anchors, "block_size": cfg.block_size, "median_s": {k: round(v, 4) for k, v in med.items()},

