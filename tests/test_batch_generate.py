@@ -146,3 +146,16 @@ def test_magpie_in_a_mix_never_reaches_the_held_out_split(tmp_path, monkeypatch)
     p2, _, n2 = data.mix_prompts(cfg2)
     ex2 = [{"id": f"{n}-{i}"} for i, n in enumerate(n2[:80])]
     assert sorted(prompts[i] for i in val) == sorted(p2[i] for i in data.held_out_split(ex2, cfg2))
+
+
+def test_nucleus_sampling_stays_in_the_nucleus_also_past_the_top_1024():
+    """Rows whose top 1024 tokens hold less than top_p take the full sort; samples never leave the nucleus."""
+    V = 3000
+    flat = torch.zeros(V)                                  # uniform: the nucleus of 0.9 is 2700 tokens (full sort)
+    peaked = torch.full((V,), -30.0)
+    peaked[[5, 17, 2999]] = torch.tensor([3.0, 2.0, 0.0])  # nucleus of 0.9: tokens 5 and 17
+    logits = torch.stack([flat, peaked] * 200)
+    gen = torch.Generator().manual_seed(0)
+    got = BatchGenerator._sample_host(logits, 1.0, 0.9, gen)
+    assert set(got[1::2].tolist()) == {5, 17}
+    assert len(set(got[0::2].tolist())) > 150                  # uniform draws from the flat row's wide nucleus

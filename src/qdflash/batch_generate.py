@@ -218,13 +218,25 @@ class BatchGenerator:
         if temperature <= 0:
             return logits.argmax(-1)
         probs = torch.softmax(logits / temperature, dim=-1)
-        if top_p < 1.0:
-            sp, si = probs.sort(dim=-1, descending=True)
-            keep = sp.cumsum(-1) - sp < top_p               # the smallest prefix whose mass reaches top_p
-            sp = sp * keep
-            choice = torch.multinomial(sp / sp.sum(-1, keepdim=True), 1, generator=gen)
-            return si.gather(-1, choice)[:, 0]
-        return torch.multinomial(probs, 1, generator=gen)[:, 0]
+        if top_p >= 1.0:
+            return torch.multinomial(probs, 1, generator=gen)[:, 0]
+        # the nucleus from the top 1024 tokens when they hold top_p of the mass (exact then; a full sort is only
+        # needed for the rows where they do not)
+        k = min(1024, probs.shape[-1])
+        sp, si = probs.topk(k, dim=-1)
+        short = sp.sum(-1) < top_p
+        if bool(short.any()):
+            full_p, full_i = probs[short].sort(dim=-1, descending=True)
+            sp, si = sp.clone(), si.clone()
+            sp_full = torch.zeros(probs.shape[0], probs.shape[-1], dtype=sp.dtype, device=sp.device)
+            si_full = torch.zeros(probs.shape[0], probs.shape[-1], dtype=si.dtype, device=si.device)
+            sp_full[:, :k], si_full[:, :k] = sp, si
+            sp_full[short], si_full[short] = full_p, full_i
+            sp, si = sp_full, si_full
+        keep = sp.cumsum(-1) - sp < top_p                   # the smallest prefix whose mass reaches top_p
+        sp = sp * keep
+        choice = torch.multinomial(sp / sp.sum(-1, keepdim=True), 1, generator=gen)
+        return si.gather(-1, choice)[:, 0]
 
     # ------------------------------------------------------------------------------------------------ generate
     @torch.no_grad()
