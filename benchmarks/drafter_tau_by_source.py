@@ -15,8 +15,6 @@ import json
 import time
 from pathlib import Path
 
-GROUPS = {"sharegpt": "chat", "sharegpt_later": "chat", "chitchat": "chat", "gsm": "reasoning",
-          "reasoning": "reasoning", "magpie": "magpie"}
 
 
 def main() -> None:
@@ -30,7 +28,7 @@ def main() -> None:
     ap.add_argument("--decoder", default="graphs")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
-    from qdflash.data import load_split
+    from qdflash.data import load_split, source_group
     from qdflash.decode_grid import decode_grid
     from qdflash.drafter import load_drafter
     from qdflash.models import load_model, load_tokenizer, resolve_target
@@ -40,6 +38,7 @@ def main() -> None:
     rows = load_split(args.data, "val")[: args.prompts]
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
     sources = [r["id"].split("-", 1)[0] for r in rows]
+    groups = [source_group(r["id"]) for r in rows]
     spec = resolve_target(args.target)
     target = load_model(spec, args.dtype)
     tok = load_tokenizer(args.target)
@@ -59,8 +58,8 @@ def main() -> None:
     for name in drafters:
         res = results_from_json(saved[name])
         by = {}
-        for g in sorted({GROUPS.get(s, s) for s in sources}):
-            sub = [r for r, s in zip(res, sources) if GROUPS.get(s, s) == g]
+        for g in sorted(set(groups)):
+            sub = [r for r, gg in zip(res, groups) if gg == g]
             st = acceptance_stats(sub)
             by[g] = {"prompts": len(sub), "tau": round(st["tau"], 4), "tau_ci95": [round(x, 4) for x in st["tau_ci95"]]}
         st = acceptance_stats(res)

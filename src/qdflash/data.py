@@ -137,6 +137,15 @@ def reasoning_prompts(n: int, seed: int, tasks: tuple[str, ...] = REASONING_TASK
 REAL_SOURCES = ("sharegpt", "sharegpt_later", "chitchat", "gsm", "reasoning")
 MIX_SOURCES = REAL_SOURCES + ("magpie",)
 SELF_PROMPTED = ("magpie",)     # written by the target itself: never in the held-out split
+# what a reader compares tau over: chat prompts, maths/reasoning prompts, the target's own prompts
+SOURCE_GROUPS = {"sharegpt": "chat", "sharegpt_later": "chat", "chitchat": "chat", "gsm": "reasoning",
+                 "reasoning": "reasoning", "magpie": "magpie"}
+
+
+def source_group(example_id: str) -> str:
+    """``chat``, ``reasoning`` or ``magpie`` for a mix example id (``sharegpt-12``), else the id's source prefix."""
+    src = example_id.split("-", 1)[0]
+    return SOURCE_GROUPS.get(src, src)
 
 
 def parse_mix(source: str) -> dict[str, float]:
