@@ -68,14 +68,15 @@ def block_mask(anchors: torch.Tensor, ctx_len: torch.Tensor, S: int, B: int,
     """bool [b, 1, N*B, S + N*B]: block n sees context j < anchor_n (and j < valid length) plus its own block; with a
     ``window`` W, block position k sees only j >= anchor_n - (W - 1 - k) (``drafter.window_mask``, vLLM's rule)."""
     b, N = anchors.shape
-    j = torch.arange(S)
+    dev = anchors.device                                                      # built where the drafter runs
+    j = torch.arange(S, device=dev)
     a = anchors.repeat_interleave(B, 1)                                       # [b, N*B]
     ctx = (j[None, None, :] < a[:, :, None]) & (j[None, None, :] < ctx_len[:, None, None])
     if window is not None:
         check_window(window, B)
-        k = torch.arange(B).repeat(N)                                         # position inside its block
+        k = torch.arange(B, device=dev).repeat(N)                             # position inside its block
         ctx = ctx & in_window(j[None, None, :], a[:, :, None], k[None, :, None], window)
-    blk = torch.arange(N).repeat_interleave(B)
+    blk = torch.arange(N, device=dev).repeat_interleave(B)
     own = blk[:, None] == blk[None, :]                                        # [N*B, N*B]
     return torch.cat([ctx, own[None].expand(b, -1, -1)], -1)[:, None]
 
@@ -118,7 +119,8 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
     w = keep[:, :, None] * inb * sup * decay
     noise = torch.full((b, N, B), mask_id, dtype=torch.long)
     noise[:, :, 0] = torch.where(keep.bool(), torch.gather(ids, 1, anchors), torch.full_like(anchors, mask_id))
-    mask = block_mask(anchors, lens, S, B, cfg.train_window)
+    # the mask (b x N*B x (S + N*B) booleans) is built on the features' device: no host-to-device copy of it
+    mask = block_mask(anchors.to(ctx.device), lens.to(ctx.device), S, B, cfg.train_window)
     # a padded (unused) block must still see something: let it see its own block only (weight 0 anyway)
     return {"noise_ids": noise.reshape(b, -1), "q_pos": pos.reshape(b, -1), "ctx": ctx,
             "ctx_pos": torch.arange(S)[None].expand(b, -1), "mask": mask, "labels": labels.reshape(b, -1),
