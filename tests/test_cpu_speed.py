@@ -165,6 +165,12 @@ def test_run_json_names_the_cpu_and_its_bf16_isa(tmp_path):
     assert "model" not in cpu_info(tmp_path / "missing")
     from qdflash.config import QADConfig
     import json
-    d = start_run(tmp_path / "run", load_config(QADConfig, "tiny"), "01_qad")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1 if n != 1 else 2)           # a count the process did not start with
+    try:
+        d = start_run(tmp_path / "run", load_config(QADConfig, "tiny"), "01_qad")
+        want = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(n)
     run = json.loads((d / "run.json").read_text())
-    assert run["cpu"]["cores"] >= 1 and run["torch_threads"] == torch.get_num_threads()
+    assert run["cpu"]["cores"] >= 1 and run["torch_threads"] == want
