@@ -32,15 +32,19 @@ run() {  # NAME CMD...: run until the deadline, log, record wall time and rc
   echo "$name rc=$rc $(python3 -c "print(round($(date +%s.%N)-$t,1))")s sha=${QDFLASH_GIT_SHA:-?}" | tee -a $O/stage_times.txt
   tail -2 "$O/log-$name.txt"
 }
-stage() { run $1 python3 -m qdflash.cli run $1 --preset smol-gpu-xl --runs $R --no-progress; cp $R/$1/metrics.json $O/metrics-$1.json 2>/dev/null; true; }
+stage() {  # STAGE [--set k=v ...]
+  local s=$1; shift
+  run $s python3 -m qdflash.cli run $s --preset smol-gpu-xl --runs $R --no-progress "$@"
+  cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; true
+}
 done_() { [ -f $R/$1/metrics.json ]; }
 ok() { [ $(left) -gt ${1:-60} ]; }
-[ -f $O/bench.json ] || run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json --prompts 16384 --batch 1024,2048,4096
+[ -f $O/bench.json ] || run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json ${XL_BENCH:---prompts 16384 --batch 1024,2048,4096}
 done_ 00_data || stage 00_data
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if done_ 00_data; then
   [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
-  done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain; }
+  done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain ${XL_02:-}; }   # XL_02="--set epochs=1"
   if done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
     D=$(python3 -c "import json;print(json.load(open('$R/02_drafter_pretrain/metrics.json'))['drafter'])")
     run tau python3 benchmarks/drafter_tau_by_source.py --data $R/00_data --drafter pretrain=$R/02_drafter_pretrain/$D \
