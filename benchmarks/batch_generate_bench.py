@@ -3,6 +3,11 @@ stage 00's ``backend="fast"``) against transformers' ``generate`` (``backend="hf
 with the roofline of a decode step next to the measured figure and a greedy-token comparison on a sample.
 
     python benchmarks/batch_generate_bench.py --out OUT.json [--prompts N] [--batch 1024,2048,4096] [--hf-prompts N]
+    python benchmarks/batch_generate_bench.py --synthetic --out OUT.json --batch 2048 --key-buckets 64,416 --reps 3
+
+``--synthetic``: a randomly initialised model of SmolLM2-135M's shape and random prompts of 30-94 tokens, no EOS
+(every row runs max_new tokens): the fast path's speed alone (no transformers comparison), for each key bucket
+(``BatchGenerator.key_bucket``; 416 = every slot read every step), repetitions interleaved, medians.
 
 Prompts: the real pools of a prompt dump (``QDFLASH_PROMPTS_DUMP``, as stage 00 reads it) or synthetic text.
 Roofline per decode step at batch B and mean context L: bytes = weights + K/V read (2 x layers x kv_heads x head_dim x
@@ -109,6 +114,47 @@ def _margins(model, prompts, a, b) -> list[dict]:
     return res
 
 
+def _synthetic(args, dev) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from qdflash.batch_generate import BatchGenerator
+    from qdflash.runio import provenance
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                         rope_theta=100000.0, tie_word_embeddings=True, max_position_embeddings=8192))
+    model = model.to(dev, torch.bfloat16).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 49152, (int(torch.randint(30, 95, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(args.prompts)]
+    peak = _peak(dev)
+    out = {"command": "python benchmarks/batch_generate_bench.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()), "provenance": provenance(),
+        "gpu": torch.cuda.get_device_name(), "peak": peak, "prompts": len(prompts), "max_new_tokens": args.max_new,
+        "runs": []}
+    gens = {}
+    for B in [int(x) for x in args.batch.split(",")]:
+        for kb in [int(x) for x in args.key_buckets.split(",")]:
+            gens[(B, kb)] = BatchGenerator(model, batch_size=B, max_len=192 + args.max_new, key_bucket=kb)
+            gens[(B, kb)].generate(prompts[:B], args.max_new, None)           # capture every bucket's graph
+    for rep in range(args.reps):
+        for (B, kb), gen in gens.items():
+            _, st = gen.generate(prompts, args.max_new, None)
+            rec = {"rep": rep, "batch": B, "key_bucket": kb, "output_tokens_per_s": round(st.output_tokens_per_s, 1),
+                   "ms_per_step": round(1e3 * st.decode_s / max(st.steps, 1), 3), "wall_s": round(st.wall_s, 2)}
+            out["runs"].append(rec)
+            print(json.dumps(rec), flush=True)
+    med = {}
+    for (B, kb) in gens:
+        xs = sorted(r["output_tokens_per_s"] for r in out["runs"] if (r["batch"], r["key_bucket"]) == (B, kb))
+        ctx = sum(map(len, prompts)) / len(prompts) + args.max_new / 2
+        med[f"{B}/{kb}"] = {"median_tok_per_s": xs[len(xs) // 2], "min": xs[0], "max": xs[-1],
+                            "roofline": _roofline(model, B, ctx, peak)}
+    out["median"] = med
+    print(json.dumps(med))
+    Path(args.out).write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -118,11 +164,16 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=1024)
     ap.add_argument("--max-new", type=int, default=224)
     ap.add_argument("--compare", type=int, default=512)
+    ap.add_argument("--synthetic", action="store_true")
+    ap.add_argument("--key-buckets", default="64")
+    ap.add_argument("--reps", type=int, default=1)
     args = ap.parse_args()
     from qdflash.batch_generate import BatchGenerator
     from qdflash.models import load_model, load_tokenizer
     from qdflash.runio import provenance
     dev = torch.device("cuda")
+    if args.synthetic:
+        return _synthetic(args, dev)
     tok = load_tokenizer("smol")
     model = load_model("smol", "bfloat16", device="cuda")
     prompts = _prompts(tok, args.prompts)
@@ -159,7 +210,7 @@ def main() -> None:
     k = min(args.compare, len(sub))
     same = sum(1 for a, b in zip(hf_rows[:k], fast_rows[:k]) if a == b)
     out["greedy_compare"] = {"rows": k, "identical": same,
-                             "differences": _margins(model, sub, hf_rows[:k], fast_rows[:k])[:64]}
+                             "differences": _margins(model, sub, hf_rows[:k], fast_rows[:k])}
     print(json.dumps(out["hf"]), json.dumps({kk: v for kk, v in out["greedy_compare"].items() if kk != "differences"}))
     Path(args.out).write_text(json.dumps(out, indent=1))
 

@@ -4,6 +4,12 @@ forward + loss + backward, and the optimizer, each synchronised; with tokens/s a
 measured bf16 matmul peak.
 
     python benchmarks/drafter_step_profile.py --data RUNS/00_data --preset smol-gpu-xl --out OUT.json [--steps 30]
+    python benchmarks/drafter_step_profile.py --synthetic 4096 --out OUT.json --trace OUT.txt
+
+``--synthetic N``: no data or model files: a randomly initialised target of SmolLM2-135M's shape (a step's cost does
+not depend on the weights) and N rows of random tokens with stage 00's mean lengths (30-94-token prompt, 60-224-token
+answer). ``--trace``: the CUDA kernels of 5 steps by total time (torch.profiler), and ``train_drafter``'s loop timed
+without the added synchronisations (what a real epoch runs at).
 """
 from __future__ import annotations
 
@@ -16,7 +22,9 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data")
+    ap.add_argument("--synthetic", type=int, default=0)
+    ap.add_argument("--trace")
     ap.add_argument("--preset", default="smol-gpu-xl")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=30)
@@ -30,12 +38,32 @@ def main() -> None:
     from qdflash.runio import provenance, write_json
     over = {"batch_size": args.batch} if args.batch else {}
     cfg = load_config(DrafterConfig, args.preset, **over)
-    spec = json.load(open(f"{args.data}/config.json"))["target"]
-    target = load_model(spec, cfg.dtype)
-    tok = load_tokenizer(spec)
-    rows = load_split(args.data, "train")
-    feats = stage_features(target, resolve_target(spec), rows, cfg, False)
-    d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_token_id(tok, cfg.mask_token_id),
+    if args.synthetic:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from qdflash.features import OnlineFeatures
+        from qdflash.runio import device, torch_dtype
+        torch.manual_seed(0)
+        target = LlamaForCausalLM(LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                              num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                              rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                                              max_position_embeddings=8192))
+        target = target.to(device(), torch_dtype(cfg.dtype)).eval()
+        g = torch.Generator().manual_seed(0)
+        rows = []
+        for _ in range(args.synthetic):
+            p, r = int(torch.randint(30, 95, (1,), generator=g)), int(torch.randint(60, 225, (1,), generator=g))
+            rows.append({"input_ids": torch.randint(0, 49152, (p + r,), generator=g).tolist(),
+                         "loss_mask": [0] * p + [1] * r, "prompt_len": p})
+        feats = OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len)
+        mask_id = 0
+    else:
+        spec = json.load(open(f"{args.data}/config.json"))["target"]
+        target = load_model(spec, cfg.dtype)
+        rows = load_split(args.data, "train")
+        feats = stage_features(target, resolve_target(spec), rows, cfg, False)
+        mask_id = mask_token_id(load_tokenizer(spec), cfg.mask_token_id)
+    d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_id,
                     cfg.intermediate_size, cfg.seed, cfg.init, cfg.train_window).to(target.device)
     d.float().train()
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
@@ -95,8 +123,44 @@ def main() -> None:
            "tok_per_s": round(sum(toks[skip:]) / sum(t["step"][skip:]), 1),
            "drafter_params": n_params, "fwd_bwd_tflops_achieved": round(flops / med["fwd_bwd"] / 1e12, 2),
            "bf16_peak_tflops": round(peak / 1e12, 1), "supervised_per_step": round(sum(sup[skip:]) / len(sup[skip:]), 1)}
+    if cuda:
+        out["loop_s_per_step"] = _loop(d, rows, feats, cfg, gamma, embed, lm_head, opt, order, args.steps)
+    if args.trace and cuda:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for s in range(5):
+                idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
+                feats.prefetch(idx)
+                batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma)
+                loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            sync()
+        with open(args.trace, "w") as f:
+            f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
     print(json.dumps(out))
     write_json(args.out, out)
+
+
+def _loop(d, rows, feats, cfg, gamma, embed, lm_head, opt, order, steps) -> float:
+    """``train_drafter``'s inner loop as it runs (its own host reads, no added synchronisation): seconds per step."""
+    from qdflash.drafter_train import compute_dtype, drafter_loss, make_batch
+    gen = torch.Generator().manual_seed(1)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for s in range(steps):
+        idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
+        feats.prefetch(idx)
+        batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma)
+        loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        float(loss.detach())
+        float(torch.nn.utils.clip_grad_norm_(d.parameters(), cfg.grad_clip))
+        opt.step()
+    torch.cuda.synchronize()
+    return round((time.perf_counter() - t0) / steps, 4)
 
 
 if __name__ == "__main__":

@@ -32,13 +32,15 @@ def tiny():
     return load_model("tiny", "float64"), tok, [tok.encode(s) for s in PROMPTS]
 
 
-def test_greedy_tokens_equal_transformers_generate(tiny, one_thread):
+@pytest.mark.parametrize("key_bucket", [4, 64])
+def test_greedy_tokens_equal_transformers_generate(tiny, one_thread, key_bucket):
     model, tok, prompts = tiny
     cfg = load_config(DataConfig, "tiny")
     ref = generate_batch(model, tok, prompts, cfg, seed=0)
-    # batch 2 < 5 prompts: several batches, a short last batch filled with copies, rows of different widths
-    out, st = BatchGenerator(model, batch_size=2, max_len=80).generate(prompts, cfg.max_new_tokens, tok.eos_token_id,
-                                                                        pad_token_id=tok.pad_token_id)
+    # batch 2 < 5 prompts: several batches, a short last batch filled with copies, rows of different widths; keys
+    # read in buckets of 4 slots (a step reads only the slots that can be valid) or 64 (all of them here)
+    g = BatchGenerator(model, batch_size=2, max_len=80, key_bucket=key_bucket)
+    out, st = g.generate(prompts, cfg.max_new_tokens, tok.eos_token_id, pad_token_id=tok.pad_token_id)
     assert out == ref
     assert st.batches == 3 and st.output_tokens == sum(map(len, ref))
 

@@ -7,8 +7,9 @@ writes only preallocated buffers, so on CUDA it is captured once as a CUDA graph
 
 * **Layout.** A batch of ``B`` prompts is left-padded to its longest prompt ``W``; slot ``j`` of row ``b`` holds the
   token at position ``j - pad[b]``. Prompt K/V fill slots ``[0, W)`` (eager prefill, the one variable-shape call);
-  decode step ``t`` writes slot ``W + t``. Keys are valid from ``pad[b]`` up to the current slot; the rest of the
-  ``max_len`` slots are masked, so one graph serves every ``W`` and every step.
+  decode step ``t`` writes slot ``W + t``. Keys are valid from ``pad[b]`` up to the current slot, so a step reads
+  only the slots up to the next multiple of ``key_bucket`` (64) above it, masked past the current one: one graph per
+  bucket serves every ``W`` and every step in it (a static cache read whole would cost every step the longest row).
 * **Attention.** At one query token, grouped-query attention folds the ``n_heads / n_kv`` query heads that share a
   K/V head into the query-length axis: ``[B, n_kv, group, d]`` against ``[B, n_kv, T, d]``, no ``repeat_kv`` copy.
 * **Sampling.** Greedy is ``argmax`` in the graph. Temperature sampling without top-p is the Gumbel-max trick in the
@@ -81,11 +82,14 @@ class BatchGenerator:
     (default: on CUDA). Memory: the K/V buffers take ``2 * layers * batch * kv_heads * max_len * head_dim`` elements.
     """
 
-    def __init__(self, model, batch_size: int, max_len: int, graphs: bool | None = None, check_every: int = 16):
+    def __init__(self, model, batch_size: int, max_len: int, graphs: bool | None = None, check_every: int = 16,
+                 key_bucket: int = 64):
         check_supported(model)
         p = next(model.parameters())
         self.model, self.device, self.dtype = model, p.device, p.dtype
         self.B, self.T, self.check_every = int(batch_size), int(max_len), int(check_every)
+        self.key_bucket = max(1, int(key_bucket))
+        self._L = self.T                    # keys a decode step reads: slots [0, L), L the bucket above the slot
         self.graphs = (self.device.type == "cuda") if graphs is None else bool(graphs)
         base = model.base_model if hasattr(model, "base_model") else model.model
         self.layers, self.norm, self.rotary = base.layers, base.norm, base.rotary_emb
@@ -109,8 +113,8 @@ class BatchGenerator:
         self.slots = torch.arange(T, device=dev)
         self.out_tok = torch.zeros(B, dtype=torch.long, device=dev)
         self.out_logits: torch.Tensor | None = None
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._graph_mode: str | None = None
+        self._graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None
         self.vocab = cfg.vocab_size
 
     # ------------------------------------------------------------------------------------------------ forward
@@ -156,7 +160,9 @@ class BatchGenerator:
         pos = (self.slot - self.pad)[:, None]                                      # [B, 1]
         h = self.embed(self.tok[:, None])
         cos, sin = self.rotary(h, pos)
-        valid = (self.slots[None, :] >= self.pad[:, None]) & (self.slots[None, :] <= self.slot)  # [B, T]
+        L = self._L                      # only the first L slots can be valid at this step: read no more keys
+        slots = self.slots[:L]
+        valid = (slots[None, :] >= self.pad[:, None]) & (slots[None, :] <= self.slot)  # [B, L]
         mask = valid[:, None, None, :]
         idx = self.slot.reshape(1)
         for i, layer in enumerate(self.layers):
@@ -166,7 +172,8 @@ class BatchGenerator:
             self.v[i].index_copy_(2, idx, v)
             # the query heads that share a K/V head become that head's query rows (one query position: no causality)
             qg = q.reshape(B, self.n_kv, self.group, self.hd)
-            o = F.scaled_dot_product_attention(qg, self.k[i], self.v[i], attn_mask=mask, scale=self.scaling)
+            o = F.scaled_dot_product_attention(qg, self.k[i][:, :, :L], self.v[i][:, :, :L], attn_mask=mask,
+                                               scale=self.scaling)
             h = h + layer.self_attn.o_proj(o.reshape(B, 1, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self._logits(h)[:, 0]
@@ -182,21 +189,25 @@ class BatchGenerator:
     def _step_logits(self) -> None:
         self.out_logits.copy_(self._decode_logits())
 
-    def _run_step(self, mode: str) -> None:
+    def _run_step(self, mode: str, slot: int) -> None:
+        """Decode step writing ``slot`` (also set in ``self.slot``); one CUDA graph per (mode, key bucket)."""
         fn = {"greedy": self._step_greedy, "gumbel": self._step_gumbel, "logits": self._step_logits}[mode]
         if mode == "logits" and self.out_logits is None:
             self.out_logits = torch.zeros(self.B, self.vocab, dtype=torch.float32, device=self.device)
+        self._L = min(self.T, -(-(slot + 1) // self.key_bucket) * self.key_bucket)
         if not self.graphs:
             with torch.no_grad():
                 fn()
             return
-        if self._graph_mode != mode:
-            self._capture(fn, mode)
-        self._graph.replay()
+        key = (mode, self._L)
+        if key not in self._graphs:
+            self._capture(fn, key)
+        self._graphs[key].replay()
 
-    def _capture(self, fn, mode: str) -> None:
+    def _capture(self, fn, key: tuple[str, int]) -> None:
         t0 = time.perf_counter()
-        self._graph = None
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()     # the graphs run one at a time: one memory pool
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s), torch.no_grad():
@@ -204,9 +215,9 @@ class BatchGenerator:
                 fn()
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g), torch.no_grad():
+        with torch.cuda.graph(g, pool=self._pool), torch.no_grad():
             fn()
-        self._graph, self._graph_mode = g, mode
+        self._graphs[key] = g
         torch.cuda.synchronize()
         self._capture_s = getattr(self, "_capture_s", 0.0) + time.perf_counter() - t0
 
@@ -288,7 +299,7 @@ class BatchGenerator:
             n = 1
             while n < max_new_tokens:
                 self.slot.fill_(W + n - 1)
-                self._run_step(mode)
+                self._run_step(mode, W + n - 1)
                 nxt = self.out_tok if mode != "logits" else self._sample_host(self.out_logits, temperature, top_p, gen)
                 toks[:, n] = nxt
                 done |= torch.isin(nxt, eos_t)
