@@ -197,6 +197,11 @@ def extra_tables(preset: str, root: Path) -> str:
                                       f"`benchmarks/smol-gpu-h200/run-1204/`): {m3['eval_prompts']} held-out prompts "
                                       f"x {m3['eval_new_tokens']} tokens, greedy, fp32, CUDA-graph decoder; 95% CI "
                                       "over prompts", 4)
+    xl = REPO_ROOT / "benchmarks" / "smol-gpu-xl" / "run-1206-h100"
+    if preset == "smol" and (xl / "bench.json").exists():
+        from .gpu_results import gpu_xl_summary
+        out += ("\n`smol-gpu-xl` on one GPU (issue 34; `benchmarks/gpu_xl.sh`, `benchmarks/smol-gpu-xl/run-1206-h100/`):\n\n"
+                + gpu_xl_summary(xl))
     from .gpu_results import (fsdp_table, plain_decode_table, projection_table, spec_decode_table, verify_cost_table,
                               walk_check_table)
     saved = [  # (saved benchmark output, its table, title), in README order; each shown where its file exists
