@@ -128,15 +128,7 @@ def main() -> None:
     if args.trace and cuda:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for s in range(5):
-                idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
-                feats.prefetch(idx)
-                batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma)
-                loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            sync()
+            _loop(d, rows, feats, cfg, gamma, embed, lm_head, opt, order, 5)
         with open(args.trace, "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
     print(json.dumps(out))

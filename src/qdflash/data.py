@@ -396,6 +396,16 @@ def regenerate_vllm(target_dir: str, tok, items: list[dict], cfg: DataConfig, pa
     return [done[it["id"]] for it in items], info
 
 
+def _append(f, chunk: list[dict], gens: list[list[int]], done: dict) -> None:
+    """The records of ``chunk`` answered by ``gens``: into ``done`` and onto the open partial file, fsync'd."""
+    for it, g in zip(chunk, gens):
+        rec = {"id": it["id"], "prompt_ids": it["prompt_ids"], "gen_ids": g}
+        done[it["id"]] = rec
+        f.write(json.dumps(rec) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def regenerate(model, tok, items: list[dict], cfg: DataConfig, partial: Path, progress: bool = True) -> list[dict]:
     """Regenerate responses with the target (transformers ``generate``), resuming from ``partial`` if present."""
     from tqdm.auto import tqdm
@@ -406,12 +416,7 @@ def regenerate(model, tok, items: list[dict], cfg: DataConfig, partial: Path, pr
         for b in range(0, len(todo), cfg.batch_size):
             chunk = todo[b: b + cfg.batch_size]
             gens = generate_batch(model, tok, [c["prompt_ids"] for c in chunk], cfg, seed=cfg.seed + b)
-            for c, g in zip(chunk, gens):
-                rec = {"id": c["id"], "prompt_ids": c["prompt_ids"], "gen_ids": g}
-                done[c["id"]] = rec
-                f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            _append(f, chunk, gens, done)
             bar.update(len(chunk))
     bar.close()
     return [done[it["id"]] for it in items]
@@ -444,12 +449,7 @@ def regenerate_fast(model, tok, items: list[dict], cfg: DataConfig, partial: Pat
             for k, v in st.as_dict().items():
                 if k in totals:
                     totals[k] += v
-            for it, g in zip(chunk, gens):
-                rec = {"id": it["id"], "prompt_ids": it["prompt_ids"], "gen_ids": g}
-                done[it["id"]] = rec
-                f.write(json.dumps(rec) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+            _append(f, chunk, gens, done)
     bar.close()
     info.update({k: round(v, 3) for k, v in totals.items()}, batch_size=gen.B, graphs=gen.graphs,
                 output_tokens_per_s=round(totals["output_tokens"] / max(totals["wall_s"], 1e-9), 1))
