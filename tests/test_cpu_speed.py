@@ -174,3 +174,18 @@ def test_run_json_names_the_cpu_and_its_bf16_isa(tmp_path):
         torch.set_num_threads(n)
     run = json.loads((d / "run.json").read_text())
     assert run["cpu"]["cores"] >= 1 and run["torch_threads"] == want
+
+
+def test_features_equal_a_plain_forwards_hidden_states():
+    """compute_features (batched, right-padded, no logits computed) gives each row's hidden states of a forward of
+    that row alone, the last layer's after the final norm as transformers returns it."""
+    from qdflash.drafter import target_features
+    from qdflash.features import compute_features
+    target = load_model("tiny", "float64")
+    rows = _rows(4)
+    got = compute_features(target, rows, [0, 2], 48, bs=4)
+    for r, g in zip(rows, got):
+        ids = torch.tensor([r["input_ids"][:48]])
+        with torch.no_grad():
+            hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+        assert torch.allclose(g, target_features(hs, [0, 2])[0], atol=1e-9)

@@ -114,8 +114,10 @@ def compute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int 
         for r, x in enumerate(seqs):
             ids[r, : len(x)] = torch.tensor(x)
             att[r, : len(x)] = 1
+        # logits_to_keep=1: the features are hidden states; the full-vocabulary logits of every position (49K x
+        # tokens for smol) would be computed and written only to be dropped
         hs = target(input_ids=ids.to(target.device), attention_mask=att.to(target.device),
-                    output_hidden_states=True).hidden_states
+                    output_hidden_states=True, logits_to_keep=1).hidden_states
         f = target_features(hs, layer_ids)
         f = f if on_device else f.cpu()
         for r, i in enumerate(idx):
