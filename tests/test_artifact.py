@@ -50,7 +50,7 @@ def assert_one_line_error(p, *needles):
 
 def test_unknown_stage_and_preset():
     assert_one_line_error(cli("run", "09_nope", "--preset", "tiny"), "unknown stage '09_nope'", "01_qad")
-    assert_one_line_error(cli("run", "00_data", "--preset", "huge"), "unknown preset 'huge'", "tiny, smol, smol-gpu, full")
+    assert_one_line_error(cli("run", "00_data", "--preset", "huge"), "unknown preset 'huge'", "tiny, smol, smol-gpu, smol-gpu-xl, full")
     assert_one_line_error(cli("run", "00_data", "--preset", "tiny", "--set", "n_prompt=3"), "unknown key",
                           "n_prompts")
 
