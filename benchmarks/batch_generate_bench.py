@@ -20,7 +20,6 @@ import argparse
 import gzip
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
