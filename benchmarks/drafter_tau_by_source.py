@@ -28,16 +28,17 @@ def main() -> None:
     ap.add_argument("--decoder", default="graphs")
     ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
-    from qdflash.data import load_split, source_group
+    from qdflash.data import load_split, source_group, source_of
     from qdflash.decode_grid import decode_grid
     from qdflash.drafter import load_drafter
+    from qdflash.drafter_train import tau_by_group
     from qdflash.models import load_model, load_tokenizer, resolve_target
     from qdflash.runio import provenance, torch_dtype, write_json
     from qdflash.speculative import acceptance_stats, results_from_json
     t0 = time.time()
     rows = load_split(args.data, "val")[: args.prompts]
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]
-    sources = [r["id"].split("-", 1)[0] for r in rows]
+    sources = [source_of(r["id"]) for r in rows]
     groups = [source_group(r["id"]) for r in rows]
     spec = resolve_target(args.target)
     target = load_model(spec, args.dtype)
@@ -51,17 +52,15 @@ def main() -> None:
                                             "dtype": args.dtype, "temperature": 0.0, "seed": 0,
                                             "decoder": args.decoder}, drafters, tok.eos_token_id, progress=True)
     saved = json.loads(grid_path.read_text())["results"]
+    by_group = tau_by_group(grid_path, groups)
     out = {"command": "python benchmarks/drafter_tau_by_source.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items()), "provenance": provenance(), "prompts": len(prompts),
         "sources": {s: sources.count(s) for s in sorted(set(sources))}, "max_new_tokens": args.new,
         "decoder": args.decoder, "dtype": args.dtype, "drafters": {}}
     for name in drafters:
         res = results_from_json(saved[name])
-        by = {}
-        for g in sorted(set(groups)):
-            sub = [r for r, gg in zip(res, groups) if gg == g]
-            st = acceptance_stats(sub)
-            by[g] = {"prompts": len(sub), "tau": round(st["tau"], 4), "tau_ci95": [round(x, 4) for x in st["tau_ci95"]]}
+        by = {g: {"prompts": v["prompts"], "tau": round(v["tau"], 4), "tau_ci95": [round(x, 4) for x in v["tau_ci95"]]}
+              for g, v in by_group[name].items()}
         st = acceptance_stats(res)
         out["drafters"][name] = {"tau": round(st["tau"], 4), "tau_ci95": [round(x, 4) for x in st["tau_ci95"]],
                                  "per_position": [round(x, 4) for x in st["per_position"]], "by_source": by,

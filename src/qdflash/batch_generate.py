@@ -22,19 +22,12 @@ test_batch_generate.py``). Weights are the model's own modules, used as they are
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``x`` [B, h, n, d] with ``cos``/``sin`` [B, n, d] (the rotate-half convention of Llama/Qwen3)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
 def check_supported(model) -> None:
@@ -115,6 +108,7 @@ class BatchGenerator:
         self.out_logits: torch.Tensor | None = None
         self._graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self._capture_s = 0.0
         self.vocab = cfg.vocab_size
 
     # ------------------------------------------------------------------------------------------------ forward
@@ -125,7 +119,7 @@ class BatchGenerator:
         k = a.k_proj(x).view(Bn, n, -1, self.hd)
         if hasattr(a, "q_norm"):                  # Qwen3: per-head RMSNorm of q and k before RoPE
             q, k = a.q_norm(q), a.k_norm(k)
-        q, k = _rotate(q.transpose(1, 2), cos, sin), _rotate(k.transpose(1, 2), cos, sin)
+        q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)   # transformers' own RoPE
         v = a.v_proj(x).view(Bn, n, -1, self.hd).transpose(1, 2)
         return q, k, v
 
@@ -219,7 +213,7 @@ class BatchGenerator:
             fn()
         self._graphs[key] = g
         torch.cuda.synchronize()
-        self._capture_s = getattr(self, "_capture_s", 0.0) + time.perf_counter() - t0
+        self._capture_s += time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------------ sampling
     @staticmethod
@@ -238,7 +232,6 @@ class BatchGenerator:
         short = sp.sum(-1) < top_p
         if bool(short.any()):
             full_p, full_i = probs[short].sort(dim=-1, descending=True)
-            sp, si = sp.clone(), si.clone()
             sp_full = torch.zeros(probs.shape[0], probs.shape[-1], dtype=sp.dtype, device=sp.device)
             si_full = torch.zeros(probs.shape[0], probs.shape[-1], dtype=si.dtype, device=si.device)
             sp_full[:, :k], si_full[:, :k] = sp, si
@@ -329,17 +322,3 @@ class BatchGenerator:
         stats.wall_s = time.perf_counter() - t_start
         return out, stats
 
-
-def kv_bytes(model, batch_size: int, max_len: int) -> int:
-    """Bytes of the K/V buffers a ``BatchGenerator(model, batch_size, max_len)`` allocates."""
-    cfg = model.config
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    el = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * batch_size * cfg.num_key_value_heads * max_len * hd * el
-
-
-def fit_batch_size(model, want: int, max_len: int, budget_bytes: int) -> int:
-    """The largest batch <= ``want`` (a power of two where possible) whose K/V buffers fit ``budget_bytes``."""
-    per_row = kv_bytes(model, 1, max_len)
-    b = min(want, max(1, budget_bytes // max(per_row, 1)))
-    return 1 << int(math.log2(b)) if b >= 1 else 1

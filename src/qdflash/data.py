@@ -142,9 +142,14 @@ SOURCE_GROUPS = {"sharegpt": "chat", "sharegpt_later": "chat", "chitchat": "chat
                  "reasoning": "reasoning", "magpie": "magpie"}
 
 
+def source_of(example_id: str) -> str:
+    """The source an example id names (``sharegpt`` for ``sharegpt-12``; ids are ``<source>-<index>``)."""
+    return example_id.split("-", 1)[0]
+
+
 def source_group(example_id: str) -> str:
     """``chat``, ``reasoning`` or ``magpie`` for a mix example id (``sharegpt-12``), else the id's source prefix."""
-    src = example_id.split("-", 1)[0]
+    src = source_of(example_id)
     return SOURCE_GROUPS.get(src, src)
 
 
@@ -481,7 +486,7 @@ def to_example(rec: dict, tok) -> dict:
 
 
 def is_self_prompted(example_id: str) -> bool:
-    return example_id.split("-", 1)[0] in SELF_PROMPTED
+    return source_of(example_id) in SELF_PROMPTED
 
 
 def held_out_split(examples: list[dict], cfg: DataConfig) -> set[int]:
@@ -528,7 +533,7 @@ def run_data(cfg: DataConfig, out_dir: str | Path, progress: bool = True) -> Dat
     write_jsonl(out / "val.jsonl", val)
     n_tok = lambda xs: sum(len(e["input_ids"]) for e in xs)  # noqa: E731
     n_resp = lambda xs: sum(sum(e["loss_mask"]) for e in xs)  # noqa: E731
-    by_source = lambda xs: dict(sorted(Counter(e["id"].split("-", 1)[0] for e in xs).items()))  # noqa: E731
+    by_source = lambda xs: dict(sorted(Counter(source_of(e["id"]) for e in xs).items()))  # noqa: E731
     manifest = {"source": {**src_meta, **sel_meta, "empty_responses_dropped": empty},
                 "rows_by_source": {"train": by_source(train), "val": by_source(val)},
                 "files": {n: {"rows": len(x), "tokens": n_tok(x), "assistant_tokens": n_resp(x),

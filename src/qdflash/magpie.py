@@ -46,24 +46,35 @@ def _shingles(text: str, n: int = 5) -> set[str]:
     return {t[i: i + n] for i in range(max(1, len(t) - n + 1))}
 
 
+class NearDuplicateFilter:
+    """Texts offered in order; ``add`` keeps a text (and returns True) unless its MinHash-estimated Jaccard similarity
+    to a text kept before reaches ``threshold`` (character 5-grams; datasketch ``MinHashLSH``). The index grows with
+    every kept text, so texts offered later (another sampling round) are checked against all kept so far."""
+
+    def __init__(self, threshold: float = 0.7, num_perm: int = 128):
+        try:
+            from datasketch import MinHash, MinHashLSH
+        except ImportError as e:
+            raise RuntimeError("near-duplicate removal needs the PyPI package datasketch (pip install datasketch)") from e
+        self._minhash, self.num_perm = MinHash, num_perm
+        self.lsh, self.kept = MinHashLSH(threshold=threshold, num_perm=num_perm), 0
+
+    def add(self, text: str) -> bool:
+        m = self._minhash(num_perm=self.num_perm)
+        m.update_batch([s.encode("utf-8") for s in _shingles(text)])
+        if self.lsh.query(m):
+            return False
+        self.lsh.insert(str(self.kept), m)
+        self.kept += 1
+        return True
+
+
 def drop_near_duplicates(texts: list[str], threshold: float = 0.7, num_perm: int = 128) -> tuple[list[str], int]:
     """``texts`` in order without those whose MinHash-estimated Jaccard similarity to an earlier kept
-    text reaches ``threshold`` (character 5-grams; datasketch ``MinHashLSH``). Returns (kept, number dropped)."""
-    try:
-        from datasketch import MinHash, MinHashLSH
-    except ImportError as e:
-        raise RuntimeError("near-duplicate removal needs the PyPI package datasketch (pip install datasketch)") from e
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
-    kept, dropped = [], 0
-    for i, t in enumerate(texts):
-        m = MinHash(num_perm=num_perm)
-        m.update_batch([s.encode("utf-8") for s in _shingles(t)])
-        if lsh.query(m):
-            dropped += 1
-            continue
-        lsh.insert(str(i), m)
-        kept.append(t)
-    return kept, dropped
+    text reaches ``threshold`` (``NearDuplicateFilter``). Returns (kept, number dropped)."""
+    f = NearDuplicateFilter(threshold, num_perm)
+    kept = [t for t in texts if f.add(t)]
+    return kept, len(texts) - len(kept)
 
 
 def magpie_prompts(target: str, n: int, seed: int = 0, dtype: str = "float32", max_new_tokens: int = 64,
@@ -90,6 +101,7 @@ def magpie_prompts(target: str, n: int, seed: int = 0, dtype: str = "float32", m
     pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
     kept: list[str] = []
     seen: set[str] = set()
+    near = NearDuplicateFilter(threshold)
     counts = {"samples": 0, "unfinished": 0, "filtered": 0, "near_duplicates": 0, "rounds": 0}
     bar = tqdm(total=n, desc="magpie", disable=not progress)
     while len(kept) < n and counts["rounds"] < max_rounds:
@@ -99,7 +111,6 @@ def magpie_prompts(target: str, n: int, seed: int = 0, dtype: str = "float32", m
                                top_p=top_p, seed=seed * 1000 + counts["rounds"], sort_by_length=False)
         counts["rounds"] += 1
         counts["samples"] += want
-        fresh = []
         for r in rows:
             if not r or r[-1] not in stops:
                 counts["unfinished"] += 1
@@ -107,11 +118,10 @@ def magpie_prompts(target: str, n: int, seed: int = 0, dtype: str = "float32", m
             text = tok.decode(r[:-1], skip_special_tokens=True).strip()
             if not keep_prompt(text, seen):
                 counts["filtered"] += 1
-                continue
-            fresh.append(text)
-        merged, dropped = drop_near_duplicates(kept + fresh, threshold)
-        counts["near_duplicates"] += dropped
-        kept = merged[:n]
+            elif not near.add(text):
+                counts["near_duplicates"] += 1
+            elif len(kept) < n:                 # the round's survivors past n are counted, not kept
+                kept.append(text)
         bar.update(len(kept) - bar.n)
     bar.close()
     meta = {"generator": "magpie", "target": str(target), "pre_query_template": before, "stop_ids": stops,
