@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=0, help="override the preset's batch size")
+    ap.add_argument("--ce-chunk", type=int, default=-1, help="override the preset's ce_chunk (-1: keep)")
+    ap.add_argument("--loop-steps", type=int, default=60, help="steps of train_drafter itself, timed")
     args = ap.parse_args()
     from qdflash.config import DrafterConfig, default_gamma, load_config
     from qdflash.data import load_split
@@ -37,6 +39,8 @@ def main() -> None:
     from qdflash.models import load_model, load_tokenizer, mask_token_id, resolve_target
     from qdflash.runio import provenance, write_json
     over = {"batch_size": args.batch} if args.batch else {}
+    if args.ce_chunk >= 0:
+        over["ce_chunk"] = args.ce_chunk
     cfg = load_config(DrafterConfig, args.preset, **over)
     if args.synthetic:
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -87,7 +91,7 @@ def main() -> None:
         batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma)
         sync()
         t2 = time.perf_counter()
-        loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg))
+        loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg), **_chunk(cfg))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(d.parameters(), cfg.grad_clip)
@@ -124,35 +128,58 @@ def main() -> None:
            "drafter_params": n_params, "fwd_bwd_tflops_achieved": round(flops / med["fwd_bwd"] / 1e12, 2),
            "bf16_peak_tflops": round(peak / 1e12, 1), "supervised_per_step": round(sum(sup[skip:]) / len(sup[skip:]), 1)}
     if cuda:
-        out["loop_s_per_step"] = _loop(d, rows, feats, cfg, gamma, embed, lm_head, opt, order, args.steps)
+        out["loop_s_per_step"] = _loop(d, target, rows, feats, cfg, order, args.loop_steps)
+        out["loop_steps"] = args.loop_steps
+        out["loop_tok_per_s"] = round(sum(len(rows[i]["input_ids"][: cfg.max_len])
+                                          for i in order[: args.loop_steps * cfg.batch_size]) /
+                                      (out["loop_s_per_step"] * args.loop_steps), 1)
     if args.trace and cuda:
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            _loop(d, rows, feats, cfg, gamma, embed, lm_head, opt, order, 5)
+            _loop(d, target, rows, feats, cfg, order, 5)
         with open(args.trace, "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
     print(json.dumps(out))
     write_json(args.out, out)
 
 
-def _loop(d, rows, feats, cfg, gamma, embed, lm_head, opt, order, steps) -> float:
-    """``train_drafter``'s inner loop as it runs (its own host reads, no added synchronisation): seconds per step."""
-    from qdflash.drafter_train import compute_dtype, drafter_loss, make_batch
-    gen = torch.Generator().manual_seed(1)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for s in range(steps):
-        idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
-        feats.prefetch(idx)
-        batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma)
-        loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        float(loss.detach())
-        float(torch.nn.utils.clip_grad_norm_(d.parameters(), cfg.grad_clip))
-        opt.step()
-    torch.cuda.synchronize()
-    return round((time.perf_counter() - t0) / steps, 4)
+def _chunk(cfg) -> dict:
+    """drafter_loss's ce_chunk where this checkout has it (the script also runs against older trees)."""
+    return {"ce_chunk": cfg.ce_chunk} if getattr(cfg, "ce_chunk", 0) else {}
+
+
+def _loop(d, target, rows, feats, cfg, order, steps) -> float:
+    """``train_drafter`` itself (its own host reads and logging) over ``steps`` batches of one epoch: seconds per step,
+    its final checkpoint save included."""
+    import tempfile
+    from pathlib import Path
+
+    from qdflash.drafter_train import train_drafter
+    sub = [rows[i] for i in order[: steps * cfg.batch_size]]
+    sub_feats = _Subset(feats, order[: steps * cfg.batch_size])
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        train_drafter(d, target, sub, sub_feats, cfg, 1, Path(tmp) / "d.pt", Path(tmp) / "log.jsonl", "loop",
+                      progress=False)
+        torch.cuda.synchronize()
+        return round((time.perf_counter() - t0) / steps, 4)
+
+
+class _Subset:
+    """Rows ``keep`` of a feature source, renumbered 0.. (OnlineFeatures or a FeatureStore)."""
+    def __init__(self, feats, keep):
+        self.feats, self.keep = feats, list(keep)
+
+    def prefetch(self, idx):
+        if hasattr(self.feats, "prefetch"):
+            self.feats.prefetch([self.keep[i] for i in idx])
+
+    def __getitem__(self, i):
+        return self.feats[self.keep[i]]
+
+    def __len__(self):
+        return len(self.keep)
 
 
 if __name__ == "__main__":

@@ -285,3 +285,73 @@ def test_explicit_no_window_overrides_the_checkpoints_window(tiny_target, monkey
     fds = [speculative.decoder_for(target, [p], 8, d, w, "fast", pool)[0].__self__ for w in (0, None)]
     assert fds[0].window is None and fds[1].window == 5 and fds[0] is not fds[1]
     speculative.close_pool(pool)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_linear_ce_equals_autograd_ce(dtype):
+    """losses.linear_cross_entropy (gradient made in the forward, chunk by chunk) against autograd through
+    F.linear + .float() + F.cross_entropy: the same loss, hit count and input gradient; the weight gets none."""
+    import torch.nn.functional as F
+
+    from qdflash.losses import linear_cross_entropy
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=g)
+    W = torch.randn(50, 16, generator=g)
+    y = torch.randint(0, 50, (37,), generator=g)
+    y[:5] = (h[:5].to(dtype) @ W.to(dtype).t()).float().argmax(-1)     # some hits
+    w = torch.rand(37, generator=g)
+    ha = h.clone().requires_grad_(True)
+    logits = (ha.to(dtype) @ W.to(dtype).t()).float()
+    ref = (F.cross_entropy(logits, y, reduction="none") * w).sum() / 3.0
+    ref.backward()
+    hb = h.clone().requires_grad_(True)
+    Wb = W.clone().requires_grad_(True)
+    s, hits = linear_cross_entropy(hb, Wb, y, w, chunk=8, dtype=dtype)
+    (s / 3.0).backward()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(s / 3.0, ref.detach(), **tol)
+    assert int(hits) == int((logits.argmax(-1) == y).sum()) >= 5
+    if dtype == torch.bfloat16:     # one bf16 rounding of the logit gradient, before vs after the 1/3 scale
+        tol = dict(rtol=2e-2, atol=2e-2 * float(ha.grad.abs().max()))
+    torch.testing.assert_close(hb.grad, ha.grad, **tol)
+    assert Wb.grad is None
+    with pytest.raises(ValueError):
+        linear_cross_entropy(h, W, y, w, chunk=0)
+
+
+def test_drafter_loss_chunked_equals_one_piece_and_the_masked_reference(tiny_target):
+    """drafter_loss on a real batch: host-found supervised rows (sup_idx) give the boolean-mask loss of before, and
+    ce_chunk changes neither the loss nor the drafter's gradients (fp32)."""
+    import torch.nn.functional as F
+    target, tok = tiny_target
+    target = target.float()
+    cfg = load_config(DrafterConfig, "tiny")
+    rows = []
+    g = torch.Generator().manual_seed(3)
+    for L in (30, 41, 25):
+        rows.append({"input_ids": torch.randint(4, 300, (L,), generator=g).tolist(),
+                     "loss_mask": [0] * 8 + [1] * (L - 8)})
+    from qdflash.drafter_train import drafter_loss
+    from qdflash.features import compute_features
+    feats = compute_features(target, rows, cfg.target_layer_ids, cfg.max_len)
+    d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, 0).float()
+    b = make_batch(rows, feats, [0, 1, 2], cfg, 0, torch.Generator().manual_seed(0), 2.0)
+    assert torch.equal(b["sup_idx"], (b["weights"].reshape(-1) > 0).nonzero().squeeze(1))
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    grads, losses = [], []
+    for chunk in (0, 5):
+        d.zero_grad()
+        loss, info = drafter_loss(d, emb, head, b, None, ce_chunk=chunk)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in d.parameters()])
+        assert info["n_sup"] == len(b["sup_idx"]) and 0 <= float(info["acc"]) <= 1
+    with torch.no_grad():                               # the boolean-mask form the loss had before sup_idx
+        h = d(emb(b["noise_ids"]), b["ctx"], b["q_pos"], b["ctx_pos"], attn_mask=b["mask"])
+        sel = b["weights"] > 0
+        ce = F.cross_entropy(head(h[sel]).float(), b["labels"][sel], reduction="none")
+        ref = (ce * b["weights"][sel]).sum() / (b["weights"][sel].sum() + 1e-6)
+    torch.testing.assert_close(losses[0], ref, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for a, c in zip(*grads):
+        torch.testing.assert_close(c, a, rtol=1e-4, atol=1e-6)

@@ -23,6 +23,7 @@ from .config import DrafterConfig, default_gamma
 from .data import load_split, regenerate_rows
 from .drafter import (DFlashDraftModel, check_window, in_window, load_drafter, new_drafter, save_drafter,
                       target_features)
+from .losses import linear_cross_entropy
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
 from .runio import atomic_write_text, finish_run, read_json, read_jsonl, start_run, thin, torch_dtype, write_json
 
@@ -124,30 +125,42 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
     # a padded (unused) block must still see something: let it see its own block only (weight 0 anyway)
     return {"noise_ids": noise.reshape(b, -1), "q_pos": pos.reshape(b, -1), "ctx": ctx,
             "ctx_pos": torch.arange(S)[None].expand(b, -1), "mask": mask, "labels": labels.reshape(b, -1),
-            "weights": w.reshape(b, -1)}
+            "weights": w.reshape(b, -1), "sup_idx": (w.reshape(-1) > 0).nonzero().squeeze(1)}
 
 
 def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
-                 compute_dtype: torch.dtype | None = None, denom: float | None = None) -> tuple[torch.Tensor, dict]:
+                 compute_dtype: torch.dtype | None = None, denom: float | None = None,
+                 ce_chunk: int = 0) -> tuple[torch.Tensor, dict]:
     """Weighted block CE. ``compute_dtype`` bfloat16: autocast (bf16 matmuls over the drafter's fp32 master weights,
     the loss and softmax in fp32); None: everything in the drafter's own dtype. The target's embedding and lm_head
     are used frozen (no gradient reaches them). ``denom``: divide the weighted CE sum by it instead of the batch's
-    weight sum (a data-parallel micro-batch's share of the global loss)."""
+    weight sum (a data-parallel micro-batch's share of the global loss). ``ce_chunk`` > 0: the lm_head and the CE in
+    chunks of that many rows (``losses.linear_cross_entropy``: no [rows, vocab] tensor is kept), else in one piece.
+    Only the supervised positions (``batch["sup_idx"]``, found on the host by ``make_batch``) reach the lm_head, and
+    nothing here waits for the device: ``info["acc"]`` is a device scalar, ``info["n_sup"]`` a host count."""
     dt = next(drafter.parameters()).dtype
     dev = drafter.device
-    batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+    pin = dev.type == "cuda"
+    batch = {k: (v.pin_memory() if pin and v.device.type == "cpu" else v).to(dev, non_blocking=True)
+             for k, v in batch.items()}
+    sel = batch["sup_idx"] if "sup_idx" in batch else (batch["weights"].reshape(-1) > 0).nonzero().squeeze(1)
+    labels = batch["labels"].reshape(-1).index_select(0, sel)
+    w = batch["weights"].reshape(-1).index_select(0, sel)
     with torch.autocast(dev.type, dtype=compute_dtype or dt, enabled=compute_dtype is not None):
         noise, ctx = embed(batch["noise_ids"]), batch["ctx"]
         if compute_dtype is None:
             noise, ctx = noise.to(dt), ctx.to(dt)
         h = drafter(noise, ctx, batch["q_pos"], batch["ctx_pos"], attn_mask=batch["mask"])
-        w = batch["weights"]
-        sel = w > 0
-        logits = lm_head(h[sel]).float()
-    ce = F.cross_entropy(logits, batch["labels"][sel], reduction="none")
-    loss = (ce * w[sel]).sum() / (w[sel].sum() + 1e-6 if denom is None else denom)
-    acc = (logits.argmax(-1) == batch["labels"][sel]).float().mean()
-    return loss, {"acc": float(acc), "n_sup": int(sel.sum())}
+        h = h.reshape(-1, h.shape[-1]).index_select(0, sel)
+        if not ce_chunk:
+            logits = lm_head(h).float()
+    if ce_chunk:
+        ce_sum, hits = linear_cross_entropy(h, lm_head.weight, labels, w, ce_chunk, compute_dtype or dt)
+    else:
+        ce_sum = (F.cross_entropy(logits, labels, reduction="none") * w).sum()
+        hits = (logits.argmax(-1) == labels).sum()
+    loss = ce_sum / (w.sum() + 1e-6 if denom is None else denom)
+    return loss, {"acc": hits.float() / max(1, len(sel)), "n_sup": int(len(sel))}
 
 
 def compute_dtype(cfg: DrafterConfig) -> torch.dtype | None:
@@ -175,12 +188,15 @@ def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mas
     infos: list[dict] = []
 
     def loss_of(b: dict) -> torch.Tensor:
-        loss, info = drafter_loss(drafter, embed, lm_head, b, compute_dtype(cfg), denom)
-        infos.append(info)
+        loss, info = drafter_loss(drafter, embed, lm_head, b, compute_dtype(cfg), denom, cfg.ce_chunk)
+        infos.append({**info, "acc": float(info["acc"])})
         return loss
     loss = dp.accumulate(parts, loss_of)
     hit, n = dp.all_sum([sum(i["acc"] * i["n_sup"] for i in infos), sum(i["n_sup"] for i in infos)])
     return loss, {"acc": hit / max(1.0, n), "n_sup": int(n)}
+
+
+LOG_EVERY = 25           # steps between host reads of the training log (each read waits for the device)
 
 
 def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cfg: DrafterConfig, epochs: int,
@@ -232,6 +248,26 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
 
     drafter.train()
     bar = tqdm(total=total, initial=step, desc=tag, disable=not progress or not distributed.is_main())
+    pending: list = []      # steps whose loss / grad norm / accuracy are still device scalars (read every LOG_EVERY)
+    t_mark, tok_mark = time.time(), 0
+
+    def flush():            # one host read for many steps: the step loop itself never waits for the device
+        nonlocal t_mark, tok_mark
+        if not pending:
+            return
+        dev = next(drafter.parameters()).device
+        vals = torch.stack([torch.as_tensor(v, device=dev).detach().float().reshape(())
+                            for e in pending for v in (e.pop("_loss"), e.pop("_gn"), e.pop("_acc"))]).tolist()
+        vals = [vals[i: i + 3] for i in range(0, len(vals), 3)]
+        rate = tok_mark / max(1e-9, time.time() - t_mark)
+        for e, (loss_v, gn_v, acc_v) in zip(pending, vals):
+            log.append({"step": e["step"], "epoch": e["epoch"], "loss": loss_v, "lr": e["lr"], "grad_norm": gn_v,
+                        "tok_per_s": rate, "acc": acc_v, "n_sup": e["n_sup"]})
+        bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", acc=f"{log[-1]['acc']:.2f}")
+        bar.update(len(pending))
+        pending.clear()
+        t_mark, tok_mark = time.time(), 0
+
     while step < total:
         epoch, within = divmod(step, steps_per_epoch)
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + epoch)       # anchors + order fresh per epoch
@@ -241,7 +277,6 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
         gen_state = None
         for s in range(within, steps_per_epoch):
             idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
-            t0 = time.time()
             lr = _lr(step, total, cfg.warmup_frac, cfg.lr)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -249,11 +284,10 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
                 if hasattr(feats, "prefetch"):
                     feats.prefetch(idx)
                 batch = make_batch(rows, feats, idx, cfg, mask_id, gen, gamma)
-                loss, info = drafter_loss(drafter, embed, lm_head, batch, compute_dtype(cfg))
+                loss, info = drafter_loss(drafter, embed, lm_head, batch, compute_dtype(cfg), ce_chunk=cfg.ce_chunk)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                loss, gn = float(loss.detach()), float(torch.nn.utils.clip_grad_norm_(drafter.parameters(),
-                                                                                     cfg.grad_clip))
+                loss, gn = loss.detach(), torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
             else:
                 opt.zero_grad(set_to_none=True)
                 loss, info = _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mask_id, gen,
@@ -261,13 +295,15 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
                 gn = dp.clip_grad_norm(list(drafter.parameters()), cfg.grad_clip)
             opt.step()
             step += 1
-            log.append({"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": gn,
-                        "tok_per_s": sum(len(rows[i]["input_ids"][: cfg.max_len]) for i in idx) / (time.time() - t0),
-                        **info})
-            bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", acc=f"{info['acc']:.2f}")
-            bar.update(1)
+            tok_mark += sum(len(rows[i]["input_ids"][: cfg.max_len]) for i in idx)
+            pending.append({"step": step, "epoch": epoch, "lr": lr, "n_sup": info["n_sup"], "_loss": loss,
+                            "_gn": gn, "_acc": info["acc"]})
+            if len(pending) >= LOG_EVERY:
+                flush()
             if step % cfg.save_every == 0 and s + 1 < steps_per_epoch:
+                flush()
                 save(gen)
+        flush()
         save(gen)
     bar.close()
     drafter.eval()
