@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=0, help="override the preset's batch size")
     ap.add_argument("--ce-chunk", type=int, default=-1, help="override the preset's ce_chunk (-1: keep)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the target and drafter forwards (dynamic)")
     ap.add_argument("--loop-steps", type=int, default=60, help="steps of train_drafter itself, timed")
     args = ap.parse_args()
     from qdflash.config import DrafterConfig, default_gamma, load_config
@@ -70,6 +71,9 @@ def main() -> None:
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_id,
                     cfg.intermediate_size, cfg.seed, cfg.init, cfg.train_window).to(target.device)
     d.float().train()
+    if args.compile:
+        target.forward = torch.compile(target.forward, dynamic=True)
+        d.forward = torch.compile(d.forward, dynamic=True)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     target.requires_grad_(False)
     opt = torch.optim.AdamW(d.parameters(), lr=cfg.lr, betas=(0.9, 0.95), fused=True)
