@@ -115,7 +115,7 @@ $(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/ba
     src/qdflash/serving.py src/qdflash/speculative.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
     src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
 	$(call papermill,06_evaluation.ipynb,06_evaluation)
-$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/cards.py src/qdflash/config.py src/qdflash/figures.py src/qdflash/gpu_results.py \
+$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/bench_index.py src/qdflash/cards.py src/qdflash/config.py src/qdflash/figures.py src/qdflash/gpu_results.py \
     src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/results.py \
     src/qdflash/runio.py src/qdflash/scaling.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json \
     $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json | $(ENVS)

@@ -12,6 +12,8 @@ import re
 import shutil
 from pathlib import Path
 
+from . import bench_index
+from .bench_index import rel
 from .pipeline import STAGES, StageError
 from .runio import REPO_ROOT, atomic_write_text, read_json, runs_dir
 
@@ -19,10 +21,6 @@ RESULT_FILES = ("metrics.json", "config.json", "run.json")
 README = REPO_ROOT / "README.md"
 BLOCK_RE = re.compile(r"<!-- results:begin preset=(?P<preset>[\w-]+) -->\n(?P<body>.*?)<!-- results:end -->",
                       re.S)
-
-DAG_COMPARE = "dag-compare-smol-inproc.json"      # benchmarks/dag_compare.py of the latest results/smol
-DAG_COMPARE_AMX = "dag-compare-smol-amx.json"     # results/smol against the same code on an Intel CPU with AMX
-
 
 def sha_groups(by_stage: dict) -> str:
     """Distinct SHAs (7 characters; stage 07's ``-dirty`` dropped, the README says why) of a run's stages in stage
@@ -48,7 +46,7 @@ def _machine_line(path: Path, who: str) -> str:
     m, v = r["machine"], r["vllm_jobs"]
     o, n = v["old_separate_processes"], v["new_one_process_inproc"]
     isa = ", ".join(f"{k} {'yes' if x else 'no'}" for k, x in m["flags"].items() if k.startswith(("amx", "avx512_bf")))
-    return (f"\n{who} (`benchmarks/cpu_machine_and_vllm_jobs.py`, `benchmarks/{path.name}`): "
+    return (f"\n{who} (`benchmarks/cpu_machine_and_vllm_jobs.py`, `{rel(path)}`): "
             f"{m['cores']} cores, {isa}; 2048^3 matmul {m['matmul_bfloat16_2t_gflops']:.0f} GFLOP/s bf16 and "
             f"{m['matmul_float32_2t_gflops']:.0f} fp32 on {m['cores']} threads "
             f"({m['matmul_bfloat16_1t_gflops']:.0f} and {m['matmul_float32_1t_gflops']:.0f} on one). Stage 05's "
@@ -127,114 +125,165 @@ README_TABLES = {"table-qad-vs-ptq", "table-drafters", "table-quality"}
 
 
 def extra_tables(preset: str, root: Path) -> str:
-    """Wall time per stage of the run, and for smol the saved benchmark outputs (CPU paths, QAD recipe sweep)."""
-    from .figures import cpu_speed_table, qad_sweep_table, stage_times_table, table_markdown
+    """Wall time per stage of the run, then the saved benchmark outputs the manifest names for ``preset``
+    (``benchmarks/manifest.json``, ``readme_block``; for smol: CPU paths, GPU runs, the QAD recipe sweep), each where
+    the files it reads exist."""
+    from .figures import stage_times_table
     out = ""
     st = stage_times_table(root)
     if len(st):
         out += ("\nWall time per stage, s (each stage's `metrics.json`): "
                 + ", ".join(f"{k} {v:.0f}" for k, v in st["wall time s"].items()) + ".\n")
-    bench = REPO_ROOT / "benchmarks"
-    dag = bench / DAG_COMPARE
-    if preset == "smol" and dag.exists():
-        from .gpu_results import dag_times_table
-        d = read_json(dag)
-        code = {k: sha_groups(d["stage_git_sha"][k]) if "stage_git_sha" in d else d["git_sha"][k][:7]
-                for k in ("before", "after")}
-        out += "\n" + table_markdown(dag_times_table(dag), f"`make reproduce` seconds per stage: the run before "
-                                      f"(code at {code['before']}) and this run (at {code['after']}), "
-                                      "each alone on the 2-core CPU (`stage_times.txt`, papermill kernel starts "
-                                      f"included; `benchmarks/{dag.with_suffix('.md').name}` also compares the "
-                                      "method's numbers)", 4)
-    if preset == "smol" and (bench / "cpu_stages.json").exists():
-        t = cpu_speed_table(bench / "cpu_stages.json")
-        out += ("\nCPU units, new path / old path (`benchmarks/cpu_stages.py`, one run, `benchmarks/cpu_stages.json`): "
-                + ", ".join(f"{u} {r:.2f}x" for u, r in zip(t.index, t["new / old"])) + ".\n")
-    for name, who in (("cpu-machine-vllm-jobs.json", "The CPU of results/smol"),
-                      ("cpu-machine-vllm-jobs-amx.json", "The Intel CPU with AMX")):
-        if preset == "smol" and (bench / name).exists():
-            out += _machine_line(bench / name, who)
-    amx = bench / DAG_COMPARE_AMX
-    if preset == "smol" and amx.exists():
-        from .gpu_results import dag_times_table, qad_profile
-        d = read_json(amx)
-        out += "\n" + table_markdown(
-            dag_times_table(amx, ("no AMX s", "AMX s")),
-            f"`make reproduce` seconds per stage on two 2-core CPUs: results/smol (no AMX; code at "
-            f"{sha_groups(d['stage_git_sha']['before'])}) and `benchmarks/cpu-amx-run/smol` (an Intel Xeon with "
-            f"AMX; code at {sha_groups(d['stage_git_sha']['after'])}), each alone on its machine "
-            f"(`benchmarks/{amx.with_suffix('.md').name}` also compares the method's numbers)", 4)
-        prof = {k: bench / f for k, f in (("no AMX", "qad-step-profile.txt"), ("AMX", "qad-step-profile-amx.txt"))}
-        if all(p.exists() for p in prof.values()):
-            q = {k: qad_profile(p) for k, p in prof.items()}
-            out += ("\nOne `smol` QAD step (4 x 256 tokens, `benchmarks/qad_step_profile.py`, `benchmarks/"
-                    "qad-step-profile*.txt`), median step and the profiled step's self time split into matmuls / "
-                    "the rest (elementwise fake-quant, norms and activations, attention, softmax, optimizer): "
-                    + "; ".join(f"{k} {v['step_s']:.1f} s, {v['mm_s']:.2f} / {v['rest_s']:.2f} s"
-                                for k, v in q.items())
-                    + f". The AMX machine runs the matmuls {q['no AMX']['mm_s'] / q['AMX']['mm_s']:.2f}x as fast and "
-                    f"the rest {q['no AMX']['rest_s'] / q['AMX']['rest_s']:.2f}x as fast.\n")
-    from .scaling import GPU_RUN, decode_table, scaling_table
-    if preset == "smol" and (GPU_RUN / "scaling.json").exists():
-        out += ("\n" + table_markdown(scaling_table(), "Drafter scaling on one H200 (`smol-gpu` data, "
-                                      "`benchmarks/drafter_scaling.py`; block-level tau estimate, 95% CI over "
-                                      "held-out conversations)", 4)
-                + "\n![tau against conversations and epochs](figures/smol/fig-drafter-scaling.png)\n")
-        if (root / "02_drafter_pretrain" / "metrics.json").exists():
-            from .scaling import cpu_minutes_table
-            out += "\n" + table_markdown(cpu_minutes_table(root), "The sweep's points in minutes of this 2-core CPU "
-                                          "(projection: stage 00's vLLM rate and stage 02's drafter rate of this run; "
-                                          "`scaling.cpu_minutes_table`)", 4)
-    if preset == "smol" and (GPU_RUN / "eval-fp.json").exists():
-        out += "\n" + table_markdown(decode_table(), "`smol-gpu` drafters on held-out prompts (one H200, reference "
-                                      "decoder, greedy, 128 new tokens; 95% CI over prompts)", 4)
-    run = GPU_RUN / "run-1204" / "metrics-03_drafter_finetune.json"
-    if preset == "smol" and run.exists():
-        from .figures import decoding_table
-        m3 = read_json(run)
-        out += "\n" + table_markdown(decoding_table(None, m3).drop(columns=["steps"]).round(3),
-                                      f"`smol-gpu` stage 03 on one H200 (run of 2026-12-04, "
-                                      f"`benchmarks/smol-gpu-h200/run-1204/`): {m3['eval_prompts']} held-out prompts "
-                                      f"x {m3['eval_new_tokens']} tokens, greedy, fp32, CUDA-graph decoder; 95% CI "
-                                      "over prompts", 4)
-    xl = REPO_ROOT / "benchmarks" / "smol-gpu-xl" / "run-1206-h100"
-    if preset == "smol" and (xl / "bench.json").exists():
-        from .gpu_results import gpu_xl_summary
-        out += ("\n`smol-gpu-xl` on one GPU (issue 34; `benchmarks/gpu_xl.sh`, `benchmarks/smol-gpu-xl/run-1206-h100/`):\n\n"
-                + gpu_xl_summary(xl))
-    from .gpu_results import (fsdp_table, plain_decode_table, projection_table, spec_decode_table, verify_cost_table,
-                              walk_check_table)
-    saved = [  # (saved benchmark output, its table, title), in README order; each shown where its file exists
-        (bench / "fast-decode-h200" / "plain-bf16.json", plain_decode_table,
-         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
-         "(`benchmarks/gpu_fast_decode.py`; `benchmarks/fast-decode-h200/`)"),
-        (bench / "fast-decode-h200" / "spec-bf16.json", spec_decode_table,
-         "Batch-1 speculative decoding on one H200, CUDA graphs, bf16, FP smol target, the smol-gpu two-stage drafter "
-         "(W4A16 GPTQ / W8A16 RTN de-quantized) and the pretrain drafter, 16 held-out smol prompts x 128 tokens "
-         "(`benchmarks/fast-decode-h200/`)"),
-        (bench / "cpu-verify-cost-k.json", verify_cost_table,
-         "vLLM on this 2-core CPU, batch 1: QAD W4A16 target + the smol-gpu two-stage drafter (W4A16 GPTQ) against k "
-         "drafted tokens, 12 held-out prompts (4 per length tercile) x 96 tokens (`benchmarks/verify_cost_k.py`)"),
-        (bench / "walk-vs-decoder.json", walk_check_table,
-         "Acceptance by teacher forcing (walk) against the reference decoder on this 2-core CPU: the smol-gpu drafters "
-         "on this run's FP and QAD W4A16 targets, 8 held-out prompts x 64 tokens, greedy, fp32, eager "
-         "(`benchmarks/walk_vs_decoder.py`; walk s: the drafter steps, after the target forwards that all drafters of a "
-         "target share)"),
-        (bench / "qwen35-projection-h200", projection_table,
-         "Qwen3.5-4B shapes on one H200, random weights, eager bf16, batch 1, 1,024-token context: step costs and the "
-         "projected speedup tau x t_verify(1) / (t_draft + t_verify(16)), a projection "
-         "(`benchmarks/qwen35-projection-h200/`)"),
-        (bench / "fsdp-h200" / "fsdp_steps.jsonl", fsdp_table,
-         "FSDP steps through torchrun on one H200: SmolLM2-135M (real weights) and Qwen3.5-4B shapes (random weights) "
-         "(`benchmarks/gpu_fsdp.sh`; estimate: `memory_plan.py` for the same shapes)")]
-    for src, table, title in saved if preset == "smol" else ():
-        if src.exists():
-            out += "\n" + table_markdown(table(src), title, 4)
-    sweeps = sorted((bench / "qad-sweep-h200").glob("*.json")) if preset == "smol" else []
-    if sweeps:
-        out += "\n" + table_markdown(qad_sweep_table(sweeps), "QAD recipes on the smol data "
-                                     "(`benchmarks/qad_sweep.py`, one H200; the same GPTQ start and held-out set)", 4)
+    for show, reads in bench_index.readme_sections(preset):
+        if all(p.exists() for p in reads):
+            out += SECTIONS[show](reads, root)
     return out
+
+
+# ----------------------------------------------------------------------- the README block's benchmark sections
+# Each takes the files its manifest entry reads (benchmarks/manifest.json, readme_block) and the run's metrics root,
+# and returns its Markdown; the paths it cites are the files it read.
+def _dag_times(reads: list[Path], root: Path) -> str:
+    from .figures import table_markdown
+    from .gpu_results import dag_times_table
+    dag, = reads
+    d = read_json(dag)
+    code = {k: sha_groups(d["stage_git_sha"][k]) if "stage_git_sha" in d else d["git_sha"][k][:7]
+            for k in ("before", "after")}
+    return "\n" + table_markdown(dag_times_table(dag), f"`make reproduce` seconds per stage: the run before "
+                                  f"(code at {code['before']}) and this run (at {code['after']}), "
+                                  "each alone on the 2-core CPU (`stage_times.txt`, papermill kernel starts "
+                                  f"included; `{rel(dag.with_suffix('.md'))}` also compares the "
+                                  "method's numbers)", 4)
+
+
+def _cpu_units(reads: list[Path], root: Path) -> str:
+    from .figures import cpu_speed_table
+    path, = reads
+    t = cpu_speed_table(path)
+    return (f"\nCPU units, new path / old path (`benchmarks/cpu_stages.py`, one run, `{rel(path)}`): "
+            + ", ".join(f"{u} {r:.2f}x" for u, r in zip(t.index, t["new / old"])) + ".\n")
+
+
+def _dag_times_amx(reads: list[Path], root: Path) -> str:
+    from .figures import table_markdown
+    from .gpu_results import dag_times_table
+    amx, = reads
+    d = read_json(amx)
+    return "\n" + table_markdown(
+        dag_times_table(amx, ("no AMX s", "AMX s")),
+        f"`make reproduce` seconds per stage on two 2-core CPUs: results/smol (no AMX; code at "
+        f"{sha_groups(d['stage_git_sha']['before'])}) and `{rel(bench_index.folder('cpu-amx-run') / 'smol')}` (an "
+        f"Intel Xeon with AMX; code at {sha_groups(d['stage_git_sha']['after'])}), each alone on its machine "
+        f"(`{rel(amx.with_suffix('.md'))}` also compares the method's numbers)", 4)
+
+
+def _qad_step_profiles(reads: list[Path], root: Path) -> str:
+    from .gpu_results import qad_profile
+    q = {k: qad_profile(p) for k, p in zip(("no AMX", "AMX"), reads)}
+    return ("\nOne `smol` QAD step (4 x 256 tokens, `benchmarks/qad_step_profile.py`, "
+            f"`{rel(reads[0].parent)}/qad-step-profile*.txt`), median step and the profiled step's self time split "
+            "into matmuls / the rest (elementwise fake-quant, norms and activations, attention, softmax, optimizer): "
+            + "; ".join(f"{k} {v['step_s']:.1f} s, {v['mm_s']:.2f} / {v['rest_s']:.2f} s" for k, v in q.items())
+            + f". The AMX machine runs the matmuls {q['no AMX']['mm_s'] / q['AMX']['mm_s']:.2f}x as fast and "
+            f"the rest {q['no AMX']['rest_s'] / q['AMX']['rest_s']:.2f}x as fast.\n")
+
+
+def _drafter_scaling(reads: list[Path], root: Path) -> str:
+    from .figures import table_markdown
+    from .scaling import cpu_minutes_table, scaling_table
+    run_dir = reads[0].parent
+    out = ("\n" + table_markdown(scaling_table(run_dir), "Drafter scaling on one H200 (`smol-gpu` data, "
+                                  "`benchmarks/drafter_scaling.py`; block-level tau estimate, 95% CI over "
+                                  "held-out conversations)", 4)
+           + "\n![tau against conversations and epochs](figures/smol/fig-drafter-scaling.png)\n")
+    if (root / "02_drafter_pretrain" / "metrics.json").exists():
+        out += "\n" + table_markdown(cpu_minutes_table(root, run_dir), "The sweep's points in minutes of this 2-core "
+                                      "CPU (projection: stage 00's vLLM rate and stage 02's drafter rate of this run; "
+                                      "`scaling.cpu_minutes_table`)", 4)
+    return out
+
+
+def _gpu_drafters_decoded(reads: list[Path], root: Path) -> str:
+    from .figures import table_markdown
+    from .scaling import decode_table
+    return "\n" + table_markdown(decode_table(reads[0].parent), "`smol-gpu` drafters on held-out prompts (one H200, "
+                                  "reference decoder, greedy, 128 new tokens; 95% CI over prompts)", 4)
+
+
+def _gpu_stage03(reads: list[Path], root: Path) -> str:
+    from .figures import decoding_table, table_markdown
+    run, = reads
+    m3 = read_json(run)
+    return "\n" + table_markdown(decoding_table(None, m3).drop(columns=["steps"]).round(3),
+                                  f"`smol-gpu` stage 03 on one H200 (run of 2026-12-04, "
+                                  f"`{rel(run.parent)}/`): {m3['eval_prompts']} held-out prompts "
+                                  f"x {m3['eval_new_tokens']} tokens, greedy, fp32, CUDA-graph decoder; 95% CI "
+                                  "over prompts", 4)
+
+
+def _gpu_xl(reads: list[Path], root: Path) -> str:
+    from .gpu_results import gpu_xl_summary
+    xl = reads[0].parent
+    return (f"\n`smol-gpu-xl` on one GPU (issue 34; `benchmarks/gpu_xl.sh`, `{rel(xl)}/`):\n\n"
+            + gpu_xl_summary(xl))
+
+
+def _table(table: str, title):
+    """A section that is one table of a ``gpu_results`` function over the one file (or folder) it reads; ``title``
+    gets that path."""
+    def section(reads: list[Path], root: Path) -> str:
+        from . import gpu_results
+        from .figures import table_markdown
+        src, = reads
+        return "\n" + table_markdown(getattr(gpu_results, table)(src), title(src), 4)
+    return section
+
+
+def _qad_sweep(reads: list[Path], root: Path) -> str:
+    from .figures import qad_sweep_table, table_markdown
+    sweeps = sorted(reads[0].glob("*.json"))
+    if not sweeps:
+        return ""
+    return "\n" + table_markdown(qad_sweep_table(sweeps), "QAD recipes on the smol data "
+                                  "(`benchmarks/qad_sweep.py`, one H200; the same GPTQ start and held-out set)", 4)
+
+
+SECTIONS = {
+    "dag_times": _dag_times,
+    "cpu_units": _cpu_units,
+    "machine_here": lambda reads, root: _machine_line(reads[0], "The CPU of results/smol"),
+    "machine_amx": lambda reads, root: _machine_line(reads[0], "The Intel CPU with AMX"),
+    "dag_times_amx": _dag_times_amx,
+    "qad_step_profiles": _qad_step_profiles,
+    "drafter_scaling": _drafter_scaling,
+    "gpu_drafters_decoded": _gpu_drafters_decoded,
+    "gpu_stage03": _gpu_stage03,
+    "gpu_xl": _gpu_xl,
+    "plain_decode": _table("plain_decode_table", lambda p: (
+        "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
+        f"(`benchmarks/gpu_fast_decode.py`; `{rel(p.parent)}/`)")),
+    "spec_decode": _table("spec_decode_table", lambda p: (
+        "Batch-1 speculative decoding on one H200, CUDA graphs, bf16, FP smol target, the smol-gpu two-stage drafter "
+        "(W4A16 GPTQ / W8A16 RTN de-quantized) and the pretrain drafter, 16 held-out smol prompts x 128 tokens "
+        f"(`{rel(p.parent)}/`)")),
+    "verify_cost": _table("verify_cost_table", lambda p: (
+        "vLLM on this 2-core CPU, batch 1: QAD W4A16 target + the smol-gpu two-stage drafter (W4A16 GPTQ) against k "
+        "drafted tokens, 12 held-out prompts (4 per length tercile) x 96 tokens (`benchmarks/verify_cost_k.py`)")),
+    "walk_check": _table("walk_check_table", lambda p: (
+        "Acceptance by teacher forcing (walk) against the reference decoder on this 2-core CPU: the smol-gpu drafters "
+        "on this run's FP and QAD W4A16 targets, 8 held-out prompts x 64 tokens, greedy, fp32, eager "
+        "(`benchmarks/walk_vs_decoder.py`; walk s: the drafter steps, after the target forwards that all drafters of a "
+        "target share)")),
+    "projection": _table("projection_table", lambda p: (
+        "Qwen3.5-4B shapes on one H200, random weights, eager bf16, batch 1, 1,024-token context: step costs and the "
+        "projected speedup tau x t_verify(1) / (t_draft + t_verify(16)), a projection "
+        f"(`{rel(p)}/`)")),
+    "fsdp": _table("fsdp_table", lambda p: (
+        "FSDP steps through torchrun on one H200: SmolLM2-135M (real weights) and Qwen3.5-4B shapes (random weights) "
+        "(`benchmarks/gpu_fsdp.sh`; estimate: `memory_plan.py` for the same shapes)")),
+    "qad_sweep": _qad_sweep,
+}
 
 
 def read_block(readme: str | Path = README) -> tuple[str, str]:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import bench_index
 from .figures import _ci
-from .runio import REPO_ROOT, read_json
+from .runio import read_json
 
-GPU_RUN = REPO_ROOT / "benchmarks" / "smol-gpu-h200"
+GPU_RUN = bench_index.folder("smol-gpu-h200")
 
 
 def scaling_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
