@@ -319,12 +319,13 @@ def test_chunked_linear_ce_equals_autograd_ce(dtype):
         linear_cross_entropy(h, W, y, w, chunk=0)
 
 
-def test_drafter_loss_chunked_equals_one_piece_and_the_masked_reference(tiny_target):
+def test_drafter_loss_chunked_equals_one_piece_and_the_masked_reference():
     """drafter_loss on a real batch: host-found supervised rows (sup_idx) give the boolean-mask loss of before, and
     ce_chunk changes neither the loss nor the drafter's gradients (fp32)."""
     import torch.nn.functional as F
-    target, tok = tiny_target
-    target = target.float()
+
+    from qdflash.models import load_model
+    target = load_model("tiny", "float32")
     cfg = load_config(DrafterConfig, "tiny")
     rows = []
     g = torch.Generator().manual_seed(3)
@@ -355,3 +356,64 @@ def test_drafter_loss_chunked_equals_one_piece_and_the_masked_reference(tiny_tar
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     for a, c in zip(*grads):
         torch.testing.assert_close(c, a, rtol=1e-4, atol=1e-6)
+
+
+def test_draft_vocabulary_roundtrips_and_decoding_stays_lossless(tmp_path, tiny_target):
+    """A reduced draft vocabulary (set_draft_vocab): the map survives save/load, target_to_draft inverts it, every
+    proposal is inside it, and greedy speculative decoding still emits the plain target's tokens (eager and walk)."""
+    from qdflash.drafter import draft_tokens, set_draft_vocab, target_to_draft
+    from qdflash.walk import Walker
+    target, tok = tiny_target
+    ps = _prompts(tok)
+    plain = [generate(target, p, 30, None, eos_token_id=tok.eos_token_id) for p in ps]
+    vocab = sorted({t for r in plain for t in r.tokens} | {5, 7})          # the plain outputs' tokens: drafts can hit
+    d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=1).to(torch.float64).eval()
+    set_draft_vocab(d, vocab)
+    assert d.draft_vocab.tolist() == vocab and d.config.dflash_config["draft_vocab_size"] == len(vocab)
+    t2d = target_to_draft(d, d.config.vocab_size)
+    assert torch.equal(t2d[d.draft_vocab], torch.arange(len(vocab))) and int((t2d >= 0).sum()) == len(vocab)
+    save_drafter(d, tmp_path / "d")
+    back = load_drafter(tmp_path / "d", torch.float64)
+    assert back.draft_vocab.tolist() == vocab
+    assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), back.state_dict().values()))
+    h = torch.randn(1, 5, target.config.hidden_size, dtype=torch.float64)
+    props = draft_tokens(back, target.get_output_embeddings(), h)
+    assert set(props.flatten().tolist()) <= set(vocab)
+    full = target.get_output_embeddings()(h).argmax(-1)                     # the full-vocabulary argmax differs
+    spec = [generate(target, p, 30, back, eos_token_id=tok.eos_token_id) for p in ps]
+    assert [r.tokens for r in spec] == [r.tokens for r in plain]
+    assert sum(sum(a - 1 for a in r.accept_lengths) for r in spec) > 0      # some drafts were accepted
+    walked = Walker(target, ps, plain, tok.eos_token_id).walk(back, 30)
+    assert [r.accept_lengths for r in walked] == [r.accept_lengths for r in spec]
+    with pytest.raises(ValueError):
+        set_draft_vocab(d, [target.config.vocab_size])
+    assert full.shape == props.shape
+
+
+def test_draft_vocabulary_batch_drops_labels_it_cannot_propose():
+    """make_batch with t2d: labels become draft indices; a label outside the vocabulary weighs 0 (not supervised)."""
+    cfg = load_config(DrafterConfig, "tiny")
+    rows = [{"input_ids": list(range(10, 40)), "loss_mask": [0] * 5 + [1] * 25}]
+    feats = [torch.zeros(30, 8)]
+    t2d = torch.full((64,), -1, dtype=torch.long)
+    keep = [t for t in range(10, 40) if t % 2 == 0]
+    t2d[keep] = torch.arange(len(keep))
+    full = make_batch(rows, feats, [0], cfg, 1, torch.Generator().manual_seed(0), 2.0)
+    red = make_batch(rows, feats, [0], cfg, 1, torch.Generator().manual_seed(0), 2.0, t2d=t2d)
+    inside = t2d[full["labels"]] >= 0
+    assert torch.equal(red["weights"], full["weights"] * inside)
+    assert bool(((full["weights"] > 0) & ~inside).any())                   # some supervised labels were dropped
+    sup = red["weights"] > 0
+    assert torch.equal(red["labels"][sup], t2d[full["labels"][sup]])
+
+
+def test_vllm_refuses_a_reduced_vocabulary_drafter(tmp_path, tiny_target):
+    from qdflash.drafter import set_draft_vocab
+    from qdflash.serving import check_servable_drafter
+    target, tok = tiny_target
+    d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id)
+    save_drafter(d, tmp_path / "full")
+    check_servable_drafter(str(tmp_path / "full"))
+    save_drafter(set_draft_vocab(d, range(100)), tmp_path / "reduced")
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        check_servable_drafter(str(tmp_path / "reduced"))

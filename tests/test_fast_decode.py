@@ -266,3 +266,18 @@ def test_stage_grids_decode_with_the_fast_path_and_fall_back_on_hybrids(tiny32, 
     assert st["decoder"] == "eager (recurrent target)"
     with pytest.raises(ValueError, match="decoder must be one of"):
         run_decoding(target, prompts[:1], 8, drafter, decoder="cuda-graphs")
+
+
+def test_reduced_draft_vocabulary_fast_equals_eager(tiny32):
+    """The static-buffer drafter step with a draft vocabulary (drafter.set_draft_vocab) drafts what the eager
+    decoder drafts: the same tokens and acceptance, and the plain target's output."""
+    from qdflash.drafter import set_draft_vocab
+    target, tok = tiny32
+    p = prompt_ids(tok, PROMPTS[1])
+    plain = generate(target, p, N)
+    drafter = set_draft_vocab(new_drafter(target, 2, 4, [1, 2], tok.mask_token_id, seed=3), sorted(set(plain.tokens)))
+    with FastDecoder(target, drafter, max_len=128) as fd:
+        fast = fd.generate(p, N)
+    eager = generate(target, p, N, drafter)
+    assert fast.tokens == eager.tokens == plain.tokens
+    assert fast.accept_lengths == eager.accept_lengths

@@ -122,6 +122,8 @@ class DrafterConfig:
                                     # context tokens, vLLM's rule); the checkpoint then says use_swa / swa_window_size
     decoder: str = "eager"          # the evaluation grid's decoder: "eager" | "fast" (static caches) | "graphs" (CUDA
                                     # graphs over the fast path); see speculative.decoder_for
+    draft_vocab: int = 0            # > 0: the drafter proposes only the N most frequent answer tokens of its training
+                                    # data (drafter.set_draft_vocab; EAGLE-3's d2t map); 0: the target's whole vocabulary
     ce_chunk: int = 0               # > 0: the lm_head + cross-entropy in chunks of this many rows without keeping the
                                     # logits (losses.linear_cross_entropy); 0: in one piece through autograd
     tau_by: str = "decode"          # "decode": every drafter through the decoder; "walk": the two-stage drafter is

@@ -180,6 +180,9 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
+        n_draft = int(config.dflash_config.get("draft_vocab_size") or 0)
+        if n_draft:      # reduced draft vocabulary: draft index i is target token d2t[i] (saved with the weights)
+            self.register_buffer("d2t", torch.arange(n_draft, dtype=torch.long))
         self.post_init()
 
     @property
@@ -193,6 +196,11 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
     @property
     def target_layer_ids(self) -> list[int]:
         return list(self.config.dflash_config["target_layer_ids"])
+
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:
+        """The target token ids the drafter can propose (sorted), or None: the target's whole vocabulary."""
+        return getattr(self, "d2t", None)
 
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
         return self.hidden_norm(self.fc(target_hidden))
@@ -214,6 +222,60 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
 def target_features(hidden_states, layer_ids) -> torch.Tensor:
     """Concatenate HF ``hidden_states[l + 1]`` (output of 0-based decoder layer l) over ``layer_ids``."""
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def set_draft_vocab(drafter: DFlashDraftModel, token_ids) -> DFlashDraftModel:
+    """Restrict ``drafter``'s proposals to ``token_ids`` (EAGLE-3's draft-to-target map, FR-Spec's reduced vocabulary):
+    its logits are computed over those rows of the target's lm_head only; a drafted index i means token
+    ``token_ids[i]``. The verifier is unchanged, so decoding stays lossless; a token outside the set is never drafted."""
+    ids = torch.as_tensor(sorted({int(t) for t in token_ids}), dtype=torch.long)
+    V = int(drafter.config.vocab_size)
+    if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= V:
+        raise ValueError(f"draft vocabulary must be non-empty ids in [0, {V}); got {len(ids)} ids")
+    drafter.config.dflash_config = {**drafter.config.dflash_config, "draft_vocab_size": len(ids)}
+    dev = next(drafter.parameters()).device
+    if hasattr(drafter, "d2t"):
+        del drafter.d2t
+    drafter.register_buffer("d2t", ids.to(dev))
+    return drafter
+
+
+def target_to_draft(drafter: DFlashDraftModel, vocab_size: int) -> torch.Tensor | None:
+    """[vocab_size] long: the draft index of each target token, -1 where the drafter cannot propose it (None: the
+    full vocabulary)."""
+    d2t = drafter.draft_vocab
+    if d2t is None:
+        return None
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2d[d2t.cpu()] = torch.arange(len(d2t))
+    return t2d
+
+
+def draft_head_weight(drafter: DFlashDraftModel, lm_head) -> torch.Tensor:
+    """The lm_head rows the drafter scores: all of them, or those of its draft vocabulary."""
+    d2t = drafter.draft_vocab
+    return lm_head.weight if d2t is None else lm_head.weight.index_select(0, d2t)
+
+
+def draft_tokens(drafter: DFlashDraftModel, lm_head, h: torch.Tensor) -> torch.Tensor:
+    """The drafter's greedy proposals (target token ids) from its final states ``h`` [..., H]."""
+    d2t = drafter.draft_vocab
+    if d2t is None:
+        return lm_head(h).argmax(-1)
+    return d2t[F.linear(h, draft_head_weight(drafter, lm_head)).argmax(-1)]
+
+
+def most_frequent_tokens(rows: list[dict], size: int, max_len: int | None = None) -> tuple[list[int], float]:
+    """The ``size`` most frequent supervised (``loss_mask``) tokens of ``rows`` (ties: lower id first), and the share
+    of supervised tokens they cover."""
+    counts: dict[int, int] = {}
+    for r in rows:
+        for t, m in zip(r["input_ids"][:max_len], r["loss_mask"][:max_len]):
+            if m:
+                counts[t] = counts.get(t, 0) + 1
+    top = sorted(counts, key=lambda t: (-counts[t], t))[:size]
+    total = sum(counts.values())
+    return sorted(top), (sum(counts[t] for t in top) / total if total else 0.0)
 
 
 @torch.no_grad()

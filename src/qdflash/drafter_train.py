@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from . import distributed
 from .config import DrafterConfig, default_gamma
 from .data import load_split, regenerate_rows
-from .drafter import (DFlashDraftModel, check_window, in_window, load_drafter, new_drafter, save_drafter,
-                      target_features)
+from .drafter import (DFlashDraftModel, check_window, draft_head_weight, in_window, load_drafter,
+                      most_frequent_tokens, new_drafter, save_drafter, set_draft_vocab, target_features,
+                      target_to_draft)
 from .losses import linear_cross_entropy
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
 from .runio import atomic_write_text, finish_run, read_json, read_jsonl, start_run, thin, torch_dtype, write_json
@@ -88,9 +89,10 @@ def draw_anchors(rows, idx, cfg: DrafterConfig, gen: torch.Generator) -> list[li
 
 
 def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Generator, gamma: float,
-               drawn: list[list[int]] | None = None):
+               drawn: list[list[int]] | None = None, t2d: torch.Tensor | None = None):
     """One training batch of rows ``idx``; its anchors are drawn from ``gen``, or given (``drawn``, from
-    ``draw_anchors``)."""
+    ``draw_anchors``). ``t2d`` (``drafter.target_to_draft``): a reduced draft vocabulary; labels become draft
+    indices and a label the drafter cannot propose gets weight 0 (EAGLE-3's rule)."""
     B, N = cfg.block_size, cfg.num_anchors
     seqs = [rows[i]["input_ids"][: cfg.max_len] for i in idx]
     lms = [rows[i]["loss_mask"][: cfg.max_len] for i in idx]
@@ -118,6 +120,10 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
     sup = torch.gather(lm_t, 1, pos.reshape(b, -1)).reshape(b, N, B)
     decay = torch.exp(-(k - 1).clamp_min(0).float() / gamma) * (k > 0)
     w = keep[:, :, None] * inb * sup * decay
+    if t2d is not None:
+        labels = t2d[labels]
+        w = w * (labels >= 0)
+        labels = labels.clamp_min(0)
     noise = torch.full((b, N, B), mask_id, dtype=torch.long)
     noise[:, :, 0] = torch.where(keep.bool(), torch.gather(ids, 1, anchors), torch.full_like(anchors, mask_id))
     # the mask (b x N*B x (S + N*B) booleans) is built on the features' device: no host-to-device copy of it
@@ -152,10 +158,11 @@ def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
             noise, ctx = noise.to(dt), ctx.to(dt)
         h = drafter(noise, ctx, batch["q_pos"], batch["ctx_pos"], attn_mask=batch["mask"])
         h = h.reshape(-1, h.shape[-1]).index_select(0, sel)
+        head = draft_head_weight(drafter, lm_head)      # the lm_head rows of the draft vocabulary (all by default)
         if not ce_chunk:
-            logits = lm_head(h).float()
+            logits = F.linear(h, head).float()
     if ce_chunk:
-        ce_sum, hits = linear_cross_entropy(h, lm_head.weight, labels, w, ce_chunk, compute_dtype or dt)
+        ce_sum, hits = linear_cross_entropy(h, head, labels, w, ce_chunk, compute_dtype or dt)
     else:
         ce_sum = (F.cross_entropy(logits, labels, reduction="none") * w).sum()
         hits = (logits.argmax(-1) == labels).sum()
@@ -183,7 +190,8 @@ def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mas
     slices = dp.micro_slices(len(idx), cfg.micro_batch_size)
     if hasattr(feats, "prefetch"):
         feats.prefetch([i for sl in slices for i in idx[sl]])
-    parts = [make_batch(rows, feats, idx[sl], cfg, mask_id, gen, gamma, drawn[sl]) for sl in slices]
+    t2d = target_to_draft(drafter, int(drafter.config.vocab_size))
+    parts = [make_batch(rows, feats, idx[sl], cfg, mask_id, gen, gamma, drawn[sl], t2d) for sl in slices]
     denom = dp.all_sum([sum(float(b["weights"][b["weights"] > 0].sum()) for b in parts)])[0] + 1e-6
     infos: list[dict] = []
 
@@ -217,6 +225,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
         distributed.check_one_process_batch(cfg.batch_size, cfg.micro_batch_size)
     gamma = cfg.gamma or default_gamma(cfg.block_size)
     mask_id = drafter.mask_token_id
+    t2d = target_to_draft(drafter, int(drafter.config.vocab_size))
     steps_per_epoch = max(1, len(rows) // cfg.batch_size)
     total = epochs * steps_per_epoch
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
@@ -283,7 +292,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
             if dp is None:
                 if hasattr(feats, "prefetch"):
                     feats.prefetch(idx)
-                batch = make_batch(rows, feats, idx, cfg, mask_id, gen, gamma)
+                batch = make_batch(rows, feats, idx, cfg, mask_id, gen, gamma, t2d=t2d)
                 loss, info = drafter_loss(drafter, embed, lm_head, batch, compute_dtype(cfg), ce_chunk=cfg.ce_chunk)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -343,6 +352,11 @@ def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
                     mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed,
                     cfg.init, cfg.train_window).to(target.device)
+    vocab = None
+    if cfg.draft_vocab:                          # reduced draft vocabulary: the training answers' most frequent tokens
+        ids, cover = most_frequent_tokens(rows, cfg.draft_vocab, cfg.max_len)
+        set_draft_vocab(d, ids)
+        vocab = {"size": len(ids), "supervised_token_coverage": round(cover, 5)}
     path, info = _train_one(drafter_name(cfg, "pretrain"), d, target, rows, feats, cfg, cfg.epochs, out, progress)
     n_params = sum(p.numel() for p in d.parameters())
     if dp is not None:
@@ -350,6 +364,7 @@ def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -
         if not dp.is_main:
             return DrafterResult(out, {"pretrain": path}, {})
     m = finish_run(out, {"drafter": path.name, "target": target_spec, "params": n_params, "train": info,
+                         "draft_vocab": vocab,
                          "features": {"cache": str(feats.path), "computed_rows": feats.computed_rows}}, t0)
     return DrafterResult(out, {"pretrain": path}, m)
 
@@ -416,6 +431,8 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     direct = new_drafter(qad_target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
                          mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed,
                          cfg.init, cfg.train_window).to(qad_target.device)
+    if ft.draft_vocab is not None:               # the ablation proposes from the same tokens as the two-stage drafter
+        set_draft_vocab(direct, ft.draft_vocab.tolist())
     dr_path, info["direct"] = _train_one(drafter_name(cfg, "direct"), direct, qad_target, rows, feats, cfg,
                                          cfg.epochs + ft_epochs, out, progress)
     if dp is not None:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.models.qwen3.modeling_qwen3 import repeat_kv
 
-from .drafter import DFlashDraftModel, _rope, in_window, resolve_window
+from .drafter import DFlashDraftModel, _rope, draft_tokens, in_window, resolve_window
 from .speculative import GenResult, _sample, _sync, accept_drafts, emit_tokens
 
 
@@ -214,7 +214,7 @@ class FastDecoder:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling)
             h = h + a.o_proj(o.transpose(1, 2).reshape(1, B, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        self.ids[:, 1:] = self.lm_head(d.norm(h)[:, 1:]).argmax(-1)
+        self.ids[:, 1:] = draft_tokens(d, self.lm_head, d.norm(h)[:, 1:])
 
     def _mark_step(self) -> None:
         if self.compiled:

@@ -66,10 +66,23 @@ def all_cores_env() -> dict:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(len(cores)))}
 
 
+def check_servable_drafter(drafter: str | None) -> None:
+    """vLLM's ``dflash`` method scores the target's whole vocabulary: a drafter with a reduced draft vocabulary
+    (``drafter.set_draft_vocab``) would propose wrong tokens there, so it is refused in one line."""
+    if not drafter:
+        return
+    cfg_path = Path(drafter) / "config.json"
+    dc = (json.loads(cfg_path.read_text()).get("dflash_config") or {}) if cfg_path.exists() else {}
+    if dc.get("draft_vocab_size"):
+        raise ValueError(f"{drafter} has a reduced draft vocabulary ({dc['draft_vocab_size']} tokens), which vLLM's "
+                         "dflash method does not read; serve a full-vocabulary drafter (draft_vocab=0)")
+
+
 def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900,
             stream: bool = False) -> dict:
     """One ``qdflash.vllm_worker`` job in the vLLM venv; its output goes to ``work/log-NAME.txt`` (and, with
     ``stream``, the worker's progress lines also to stdout)."""
+    check_servable_drafter(job.get("drafter"))
     work = Path(work).resolve()              # the worker runs with cwd=work: relative paths would break
     jf, of = work / f"job-{name}.json", work / f"result-{name}.json"
     of.unlink(missing_ok=True)
@@ -99,6 +112,8 @@ def run_jobs(jobs: dict[str, dict], work: Path, name: str, extra_env: dict | Non
     per job (``benchmarks/cpu_machine_and_vllm_jobs.py`` times both ways). Every job gets its own ``LLM`` with the
     job's settings. A job the shared worker did not finish (it raised, crashed or timed out) and every job after it
     run alone with ``run_job``, with a warning; each result says where it ran (``engine``)."""
+    for job in jobs.values():
+        check_servable_drafter(job.get("drafter"))
     work = Path(work).resolve()
     of = work / f"result-{name}.json"
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(extra_env or {})}
@@ -193,6 +208,7 @@ def serve_and_probe(target: str, drafter: str | None, B: int, prompts: list[str]
                     max_model_len: int, work: Path, concurrency=(1, 4, 8), requests_per_level: int = 20) -> dict:
     """``vllm serve`` of the target (+ drafter), then per concurrency level ``requests_per_level`` (at least 2 per
     client) completions timed end to end (``latency_summary``), then malformed / over-long requests."""
+    check_servable_drafter(drafter)
     work = Path(work).resolve()
     port = _free_port()
     cmd = [str(vllm_python().parent / "vllm"), "serve", target, "--host", "127.0.0.1", "--port", str(port),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import DECODERS
-from .drafter import DFlashDraftModel, DraftCache, resolve_window, target_features
+from .drafter import DFlashDraftModel, DraftCache, draft_tokens, resolve_window, target_features
 
 
 @dataclass
@@ -146,7 +146,7 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
             noise = embed(torch.tensor([[x] + [drafter.mask_token_id] * (B - 1)], device=dev))
             q_pos = torch.arange(start, start + B, device=dev)[None]
             h = drafter(noise, ctx, q_pos, ctx_pos, dcache, window=window)
-            block += lm_head(h[:, 1:]).argmax(-1)[0].tolist()
+            block += draft_tokens(drafter, lm_head, h[:, 1:])[0].tolist()
             _sync(dev)
             res.draft_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from .drafter import DraftCache, resolve_window, target_features
+from .drafter import DraftCache, draft_tokens, resolve_window, target_features
 
 
 class Walker:
@@ -89,7 +89,7 @@ class Walker:
                 noise = embed(torch.tensor([[x] + [drafter.mask_token_id] * (B - 1)], device=self.dev))
                 q_pos = torch.arange(start, start + B, device=self.dev)[None]
                 h = drafter(noise, ctx, q_pos, ctx_pos, dcache, window=window)
-                draft = lm_head(h[:, 1:]).argmax(-1)[0].tolist()
+                draft = draft_tokens(drafter, lm_head, h[:, 1:])[0].tolist()
                 _sync(self.dev)
                 res.draft_time_s += time.perf_counter() - t0
                 acc = 0
