@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=0, help="override the preset's batch size")
     ap.add_argument("--ce-chunk", type=int, default=-1, help="override the preset's ce_chunk (-1: keep)")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="a reduced draft vocabulary of N tokens")
     ap.add_argument("--compile", action="store_true", help="torch.compile the target and drafter forwards (dynamic)")
     ap.add_argument("--loop-steps", type=int, default=60, help="steps of train_drafter itself, timed")
     args = ap.parse_args()
@@ -71,6 +72,9 @@ def main() -> None:
     d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_id,
                     cfg.intermediate_size, cfg.seed, cfg.init, cfg.train_window).to(target.device)
     d.float().train()
+    if args.draft_vocab:
+        from qdflash.drafter import most_frequent_tokens, set_draft_vocab
+        set_draft_vocab(d, most_frequent_tokens(rows, args.draft_vocab, cfg.max_len)[0])
     if args.compile:
         target.forward = torch.compile(target.forward, dynamic=True)
         d.forward = torch.compile(d.forward, dynamic=True)
