@@ -96,7 +96,7 @@ def main() -> None:
             feats.prefetch(idx)
         sync()
         t1 = time.perf_counter()
-        batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma)
+        batch = make_batch(rows, feats, idx, cfg, d.mask_token_id, gen, gamma, **_t2d(d))
         sync()
         t2 = time.perf_counter()
         loss, info = drafter_loss(d, embed, lm_head, batch, compute_dtype(cfg), **_chunk(cfg))
@@ -149,6 +149,14 @@ def main() -> None:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60))
     print(json.dumps(out))
     write_json(args.out, out)
+
+
+def _t2d(d) -> dict:
+    """make_batch's draft-vocabulary map where the drafter has one (absent in older trees)."""
+    if getattr(d, "draft_vocab", None) is None:
+        return {}
+    from qdflash.drafter import target_to_draft
+    return {"t2d": target_to_draft(d, int(d.config.vocab_size))}
 
 
 def _chunk(cfg) -> dict:
