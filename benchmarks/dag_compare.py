@@ -1,7 +1,7 @@
 """Before / after table of one `make reproduce` against another (issue 13: faster at equal work, the method's numbers
 not worse). Reads each run's saved results (``stage_times.txt`` and the stages' ``metrics.json``), never re-runs.
 
-    python benchmarks/dag_compare.py --before-rev f89693f --after results/smol --out benchmarks/dag-compare
+    python benchmarks/dag_compare.py --before-rev f89693f --after results/smol --out benchmarks/dag-compare-smol/dag-compare-smol-inproc
 
 ``--before-rev`` takes the ``results/<preset>`` folder of a commit (``git archive``); ``--before DIR`` a folder.
 Writes OUT.json and OUT.md (the README links the markdown).

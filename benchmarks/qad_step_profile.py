@@ -1,6 +1,6 @@
 """Where one smol QAD step spends its time on this CPU (issue 13: QAD training is the DAG's largest item).
 
-    python benchmarks/qad_step_profile.py --runs runs/smol --out benchmarks/qad-step-profile.txt
+    python benchmarks/qad_step_profile.py --runs runs/smol --out benchmarks/cpu-qad-step-profile/qad-step-profile.txt
 
 Builds the student as stage 01 does (GPTQ grid, jittered latents, only the latents trainable, bf16 autocast over
 fp32 latents, fused AdamW) and times one preset-sized batch (4 x 256 tokens): the bf16 teacher forward, the student

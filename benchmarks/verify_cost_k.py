@@ -12,7 +12,7 @@ the three terciles of baseline_ms / ms, baseline = the faster plain target.
 ``--accept`` projects, from the measured step times, the speedup a drafter with the given per-position acceptance
 (e.g. the GPU-trained drafter's) would reach at each k: tau(k) = 1 + sum_{i<k} a_i, tok/s = tau(k) / t_step(k).
 
-    .venv/bin/python benchmarks/verify_cost_k.py --runs runs/smol --out benchmarks/cpu-verify-cost-k.json
+    .venv/bin/python benchmarks/verify_cost_k.py --runs runs/smol --out benchmarks/cpu-verify-cost-k/cpu-verify-cost-k.json
 """
 from __future__ import annotations
 

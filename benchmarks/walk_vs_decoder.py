@@ -8,7 +8,7 @@ the continuations, once per target, and the drafter steps). Drafters trained on 
 give the walk steps of every length, which the CPU ``smol`` drafters (tau ~1.15) rarely do.
 
     .venv/bin/python benchmarks/walk_vs_decoder.py --runs runs/smol --drafter NAME=DIR [--drafter ...] \
-        [--prompts 8] [--new-tokens 64] --out benchmarks/walk-vs-decoder.json
+        [--prompts 8] [--new-tokens 64] --out benchmarks/cpu-walk-vs-decoder/walk-vs-decoder.json
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """GPU benchmark (issue: performance on one H200). Every number is a ratio or rate measured in the same run.
 
-``python -m qdflash.bench hw|train|decode|shapes --runs runs/smol --out benchmarks/results-h200.json``
+``python -m qdflash.bench hw|train|decode|shapes --runs runs/smol --out benchmarks/bench-h200/results-h200.json``
 
 * ``hw``: measured bf16 matmul rate (8192^3) and device copy bandwidth: the denominators for MFU and the
   memory-bandwidth floor.
@@ -247,7 +247,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("what", nargs="+", choices=["hw", "train", "decode", "shapes"])
     ap.add_argument("--runs", default="runs/smol")
-    ap.add_argument("--out", default="benchmarks/results-h200.json")
+    ap.add_argument("--out", default="benchmarks/bench-h200/results-h200.json")
     a = ap.parse_args(argv)
     out_path = Path(a.out)
     res = json.loads(out_path.read_text()) if out_path.exists() else {}

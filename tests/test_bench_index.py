@@ -1,0 +1,54 @@
+"""benchmarks/ is an index: every file there belongs to an entry of benchmarks/manifest.json, every path the manifest
+names exists, the README block's sections are the ones the report code renders, and no report module builds a
+benchmark path of its own."""
+import json
+import re
+
+from conftest import REPO
+
+BENCH = REPO / "benchmarks"
+MANIFEST = json.loads((BENCH / "manifest.json").read_text())
+
+
+def test_every_named_path_exists():
+    for name, e in MANIFEST["benchmarks"].items():
+        assert e["folder"] == f"benchmarks/{name}" and (REPO / e["folder"]).is_dir(), name
+        for s in e["scripts"]:
+            assert (REPO / s).is_file(), (name, s)
+        assert e["question"] and e["readme"], name
+    for s in MANIFEST["runners"]:
+        assert (REPO / s).is_file(), s
+    for sec in MANIFEST["readme_block"]["sections"]:
+        for r in sec["reads"]:
+            assert (BENCH / r).exists(), (sec["show"], r)
+
+
+def test_every_file_in_benchmarks_is_indexed():
+    folders = {e["folder"] for e in MANIFEST["benchmarks"].values()}
+    scripts = {s for e in MANIFEST["benchmarks"].values() for s in e["scripts"]} | set(MANIFEST["runners"])
+    unindexed = [p.name for p in BENCH.iterdir() if not p.name.startswith(".")
+                 and p.name not in ("README.md", "manifest.json")
+                 and f"benchmarks/{p.name}" not in (folders if p.is_dir() else scripts)]
+    assert not unindexed, f"add to benchmarks/manifest.json and benchmarks/README.md: {sorted(unindexed)}"
+    index = (BENCH / "README.md").read_text()
+    for name in MANIFEST["benchmarks"]:
+        assert f"`{name}/" in index, f"benchmarks/README.md does not name {name}/"
+
+
+def test_readme_sections_are_the_rendered_ones():
+    from qdflash import bench_index
+    from qdflash.results import SECTIONS
+    shown = [s["show"] for s in MANIFEST["readme_block"]["sections"]]
+    assert sorted(shown) == sorted(SECTIONS) and len(set(shown)) == len(shown)
+    assert bench_index.readme_sections("tiny") == []
+    assert [s for s, _ in bench_index.readme_sections("smol")] == shown
+
+
+def test_report_code_has_no_benchmark_paths_of_its_own():
+    """Only bench_index knows where benchmarks/ is; the rest asks it (a path built elsewhere is how the old flat
+    layout leaked into results.py)."""
+    built = re.compile(r"""/\s*["']benchmarks["']|["']benchmarks/[^"'\s]*["']""")
+    offenders = [f"{p.name}:{i}" for p in sorted((REPO / "src" / "qdflash").glob("*.py")) if p.name != "bench_index.py"
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if built.search(line)
+                 and "add_argument" not in line]
+    assert not offenders, offenders
