@@ -39,7 +39,8 @@ stage() {  # STAGE [--set k=v ...]
 }
 done_() { [ -f $R/$1/metrics.json ]; }
 ok() { [ $(left) -gt ${1:-60} ]; }
-[ -f $O/bench.json ] || run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json ${XL_BENCH:---prompts 16384 --batch 1024,2048,4096}
+# the regeneration benchmark only when asked (XL_BENCH="--prompts 16384 --batch 1024,2048,4096"): stage 00 reports its own
+[ -n "${XL_BENCH:-}" ] && [ ! -f $O/bench.json ] && run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json $XL_BENCH
 done_ 00_data || stage 00_data
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if done_ 00_data; then
@@ -52,8 +53,10 @@ if done_ 00_data; then
   fi
   done_ 01_qad || { ok && stage 01_qad; }
   done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune
+  done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
 fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $R/$s/config.json $O/ 2>/dev/null; done
 cp $R/03_drafter_finetune/decode-*.json $O/ 2>/dev/null
+for s in 01_qad 03_drafter_finetune 04_drafter_quant; do cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; done
 tar czf "$DEV_OUT/xl.tgz" -C /tmp o
 ls -la $O

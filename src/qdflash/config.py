@@ -270,7 +270,7 @@ for _cls, _over in _SMOL_GPU.items():
 _SMOL_GPU_XL: dict[type, dict[str, Any]] = {
     DataConfig: dict(source="mix:sharegpt=0.12,sharegpt_later=0.3,chitchat=0.06,reasoning=0.12,magpie=0.4",
                      n_prompts=50_384, val_prompts=384, batch_size=2048, backend="fast"),
-    DrafterConfig: dict(epochs=3, eval_prompts=64),
+    DrafterConfig: dict(epochs=3, eval_prompts=64, ce_chunk=4096),
     DrafterQuantConfig: dict(eval_prompts=64),
 }
 for _cls in _STAGE_PRESETS:
