@@ -332,23 +332,6 @@ def test_executed_notebooks_show_plots_and_tables(tiny_pipeline):
         assert not errs, stage_name
 
 
-def test_git_sha_survives_a_slow_status(monkeypatch):
-    """A status check that times out (a fresh worktree re-hashing every file on a loaded CPU) still records HEAD's
-    SHA, marked ``-status-unknown``; only a failing rev-parse gives ``unknown``."""
-    import subprocess
-
-    from qdflash import runio
-
-    def fake(cmd, **kw):
-        if cmd[1] == "status":
-            raise subprocess.TimeoutExpired(cmd, kw.get("timeout"))
-        return subprocess.CompletedProcess(cmd, 0, stdout="abc123\n")
-    monkeypatch.setattr(runio.subprocess, "run", fake)
-    assert runio.git_sha() == "abc123-status-unknown"
-    monkeypatch.setattr(runio.subprocess, "run", lambda cmd, **kw: (_ for _ in ()).throw(FileNotFoundError("git")))
-    assert runio.git_sha() == "unknown"
-
-
 def test_sha_groups_names_each_code_version_with_its_stages():
     """The README's run-vs-run heading says which code ran which stages (a mixed run must not read as one SHA)."""
     from qdflash.results import sha_groups

@@ -1,9 +1,8 @@
-"""The fast CPU paths: the shared feature cache, bf16 training over fp32 master weights with a frozen target, and
-the vLLM regeneration backend against transformers."""
+"""The fast CPU paths: the shared feature cache and bf16 training over fp32 master weights with a frozen target."""
 import pytest
 import torch
 
-from qdflash.config import DataConfig, DrafterConfig, load_config
+from qdflash.config import DrafterConfig, load_config
 from qdflash.drafter import new_drafter
 from qdflash.drafter_train import drafter_loss, make_batch, precompute_features, train_drafter
 from qdflash.features import cached_features
@@ -102,25 +101,6 @@ def test_bf16_drafter_training_lowers_loss_and_leaves_target_frozen(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
 
 
-def test_vllm_and_hf_backends_agree_greedy_fp32(tmp_path):
-    """The two regeneration backends produce the same greedy tokens on tiny in fp32 (vLLM runs the fp32 model on the
-    CPU); a mismatch would mean a prompt, EOS or truncation difference between the backends."""
-    from qdflash.data import regenerate, regenerate_vllm, select_prompts, synthetic_prompts
-    tok = load_tokenizer("tiny")
-    cfg = load_config(DataConfig, "tiny", n_prompts=12, max_new_tokens=20, dtype="float32")
-    prompts, _ = synthetic_prompts(cfg.n_prompts, 0)
-    items, _ = select_prompts(cfg, tok, prompts)
-    hf = regenerate(load_model("tiny", "float32"), tok, items, cfg, tmp_path / "hf.jsonl", progress=False)
-    vl, info = regenerate_vllm(resolve_target("tiny"), tok, items, cfg, tmp_path / "vllm.jsonl")
-    assert info["output_tokens"] == sum(len(r["gen_ids"]) for r in vl)
-    same = sum(a["gen_ids"] == b["gen_ids"] for a, b in zip(hf, vl))
-    assert same == len(items), [(a["gen_ids"], b["gen_ids"]) for a, b in zip(hf, vl) if a["gen_ids"] != b["gen_ids"]]
-    # resumable: a rerun with everything in the partial file starts no vLLM job
-    again, info2 = regenerate_vllm(resolve_target("tiny"), tok, items, cfg, tmp_path / "vllm.jsonl")
-    assert info2["resumed"] == len(items) and "generate_s" not in info2
-    assert [r["gen_ids"] for r in again] == [r["gen_ids"] for r in vl]
-
-
 def test_drafter_training_resumed_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
     """Kill training mid-epoch (after a mid-epoch checkpoint), resume: same weights as one uninterrupted run."""
     import qdflash.drafter_train as DT
@@ -153,27 +133,6 @@ def test_drafter_training_resumed_mid_epoch_equals_uninterrupted(tmp_path, monke
     assert len(log) == 10
     for (n, p), q in zip(a.named_parameters(), b2.parameters()):
         assert torch.equal(p, q), n
-
-
-def test_run_json_names_the_cpu_and_its_bf16_isa(tmp_path):
-    from qdflash.runio import cpu_info, start_run
-    fake = tmp_path / "cpuinfo"
-    fake.write_text("processor\t: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx512f avx512_bf16 amx_tile\n\n"
-                    "processor\t: 1\nmodel name\t: Other\nflags\t\t: fpu amx_bf16\n")
-    info = cpu_info(fake)                   # first processor's model and flags; absent flags are False
-    assert (info["model"], info["avx512_bf16"], info["amx_tile"], info["amx_bf16"]) == ("Some Xeon", True, True, False)
-    assert "model" not in cpu_info(tmp_path / "missing")
-    from qdflash.config import QADConfig
-    import json
-    n = torch.get_num_threads()
-    torch.set_num_threads(1 if n != 1 else 2)           # a count the process did not start with
-    try:
-        d = start_run(tmp_path / "run", load_config(QADConfig, "tiny"), "01_qad")
-        want = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(n)
-    run = json.loads((d / "run.json").read_text())
-    assert run["cpu"]["cores"] >= 1 and run["torch_threads"] == want
 
 
 def test_features_equal_a_plain_forwards_hidden_states():

