@@ -34,7 +34,7 @@ define papermill
 	echo "$(2) $$(( $$(date +%s) - start ))s" >> $(abspath $(RUNS))/stage_times.txt
 endef
 
-.PHONY: help setup setup-vllm reproduce test figures results compare readme stages clean-runs
+.PHONY: help setup setup-vllm reproduce test test-fast figures results compare readme stages clean-runs
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | column -t -s$$'\t'
 
@@ -135,6 +135,8 @@ readme: | $(STAMP)  ## switch the README results block to results/$(PRESET) and 
 
 test: $(STAMP) $(VLLM_STAMP)  ## the CI test suite (tiny preset, papermill runs of every notebook, real vLLM)
 	$(PY) -m pytest -q tests
+test-fast: $(STAMP)  ## the day-to-day subset: every test not marked slow (no papermill pipeline, no vLLM engine, no torchrun)
+	$(PY) -m pytest -q -m "not slow" tests
 
 clean-runs:  ## delete runs/$(PRESET)
 	rm -rf $(RUNS)

@@ -16,6 +16,16 @@ STAGE_OF = {"00_data_prep": "00_data", "01_qad": "01_qad", "02_drafter_pretrain"
             "05_serving": "05_serving", "06_evaluation": "06_evaluation", "07_figures": "07_figures"}
 
 
+def pytest_collection_modifyitems(items):
+    """Every test of the papermill-executed tiny pipeline is ``notebooks`` and ``slow`` (the session fixture runs all
+    eight notebooks, minutes), so ``pytest -m "not slow"`` never starts it; other long tests carry ``slow`` in their
+    own files."""
+    for item in items:
+        if "tiny_pipeline" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.notebooks)
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     import papermill as pm

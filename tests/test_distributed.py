@@ -248,6 +248,7 @@ def test_killed_runs_resume_to_the_uninterrupted_result_also_on_another_world_si
     _assert_close_runs(runs["two"]["qad"], torch.load(re1 / "qad.pt", weights_only=False), "kl", RTOL, RTOL_W)
 
 
+@pytest.mark.slow
 def test_torchrun_cli_matches_one_process(tmp_path):
     """The real launcher: ``torchrun --standalone --nproc_per_node 2 -m qdflash.cli run 02_drafter_pretrain``."""
     from qdflash.pipeline import run_stage

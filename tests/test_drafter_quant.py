@@ -156,6 +156,7 @@ def test_rtn_fallback_is_recorded_in_the_drafter_metadata(tiny32, tmp_path):
     assert json.loads((p / "drafter_meta.json").read_text())["used_rtn_fallback"] == ["layers.0.mlp.up_proj"]
 
 
+@pytest.mark.slow
 def test_drafter_without_fc_quantized_loads_in_vllm(tiny32, tmp_path):
     """include_fc=False leaves ``fc`` dense. vLLM names it ``model.fc``, so the checkpoint's ignore entry must match
     under a prefix: with the bare HF name "fc" vLLM built a quantized ``fc`` and refused the dense ``fc.weight``

@@ -97,6 +97,7 @@ def test_walk_gives_the_decoders_accept_lengths(fixture, reference):
         Walker(target, prompts, [GenResult(tokens=t) for t in reference["plain"]], None).walk(d, NEW + 8)
 
 
+@pytest.mark.slow
 def test_vllm_acceptance_matches_the_reference_per_position(fixture, reference, tmp_path):
     """vLLM's DFlash on CPU (bf16) with the FP, W4A16 (vLLM's kernel), W8A16 (the plugin's de-quantizing kernel) and
     windowed drafters: per-position acceptance within TOL of the reference decoder on the same prompts, and the same

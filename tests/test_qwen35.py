@@ -181,6 +181,7 @@ def test_full_dry_run_resolves_every_stage_offline(tmp_path):
 # "align" cache precopy calls a Triton kernel, and triton is not installed: "'function' object is not subscriptable").
 
 
+@pytest.mark.slow
 def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
     """Stages 00-07 on qwen35-mini through run_stage (the functions `full` runs). 05 (vLLM) cannot load the hybrid
     target on this CPU venv: the exact error is asserted from the stage's own vLLM job, then the stage is skipped."""

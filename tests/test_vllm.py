@@ -6,11 +6,12 @@ import pytest
 
 from qdflash.runio import read_json
 
+pytestmark = [pytest.mark.slow]                    # each test starts the vLLM venv's Python (8-20 s on 2 cores)
 try:
     from qdflash.serving import vllm_env, vllm_python
     VPY = vllm_python()
 except FileNotFoundError as e:  # pragma: no cover - CI installs it (make setup-vllm)
-    pytestmark = pytest.mark.skip(reason=str(e))
+    pytestmark.append(pytest.mark.skip(reason=str(e)))
 
 
 def _vrun(code: str, **env) -> str:
