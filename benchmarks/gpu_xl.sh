@@ -22,7 +22,7 @@ if [ "$PHASE" = setup ]; then
   P="python3 benchmarks/drafter_step_profile.py --synthetic 4096 --preset smol-gpu-xl --steps 20 --loop-steps 60"
   export QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1
   if [ -n "${XL_BASE:-}" ]; then
-    PYTHONPATH=$XL_BASE/src QDFLASH_GIT_SHA=${XL_BASE_SHA:-?} $P --out $O/step-base.json --trace $O/trace-base.txt > $O/log-step-base.txt 2>&1
+    PYTHONPATH=$XL_BASE/src:$XL_BASE QDFLASH_GIT_SHA=${XL_BASE_SHA:-?} $P --out $O/step-base.json --trace $O/trace-base.txt > $O/log-step-base.txt 2>&1
   fi
   export PYTHONPATH=src
   $P --ce-chunk 4096 --out $O/step-chunk.json --trace $O/trace-chunk.txt > $O/log-step-chunk.txt 2>&1

@@ -147,7 +147,7 @@ def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
     dt = next(drafter.parameters()).dtype
     dev = drafter.device
     pin = dev.type == "cuda"
-    batch = {k: (v.pin_memory() if pin and v.device.type == "cpu" else v).to(dev, non_blocking=True)
+    batch = {k: (v.contiguous().pin_memory() if pin and v.device.type == "cpu" else v).to(dev, non_blocking=True)
              for k, v in batch.items()}
     sel = batch["sup_idx"] if "sup_idx" in batch else (batch["weights"].reshape(-1) > 0).nonzero().squeeze(1)
     labels = batch["labels"].reshape(-1).index_select(0, sel)
