@@ -1,11 +1,10 @@
 """Drafter training sweep: block-level greedy acceptance estimate on val (tau_est = 1 + mean leading-correct)."""
-import sys, time, json, torch, itertools
+import sys, time, json, torch
 from qdflash.config import load_config, default_gamma, DrafterConfig
 from qdflash.data import load_split
 from qdflash.drafter import new_drafter
 from qdflash.drafter_train import precompute_features, make_batch, drafter_loss, _lr
 from qdflash.models import load_model, load_tokenizer, mask_token_id
-from qdflash.runio import device
 runs, out = sys.argv[1], sys.argv[2]
 variants = json.loads(sys.argv[3])
 tgt = load_model("smol"); tok = load_tokenizer("smol")

@@ -34,7 +34,7 @@ def main() -> None:
     from qdflash.drafter_train import tau_by_group
     from qdflash.models import load_model, load_tokenizer, resolve_target
     from qdflash.runio import provenance, torch_dtype, write_json
-    from qdflash.speculative import acceptance_stats, results_from_json
+    from qdflash.decode_stats import acceptance_stats, results_from_json
     t0 = time.time()
     rows = load_split(args.data, "val")[: args.prompts]
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows]

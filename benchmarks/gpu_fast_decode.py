@@ -39,7 +39,8 @@ from qdflash.drafter import load_drafter, new_drafter
 from qdflash.fast_decode import FastDecoder
 from qdflash.models import load_model, load_tokenizer, mask_token_id
 from qdflash.runio import git_sha, write_json
-from qdflash.speculative import GenResult, acceptance_stats, generate
+from qdflash.decode_stats import GenResult, acceptance_stats
+from qdflash.speculative import generate
 
 TEXTS = ("Tell me about the moon and its phases.", "Write a short poem about a quiet river at night.",
          "Explain how a hash table works, with an example.", "List five uses of water in a city and why they matter.",

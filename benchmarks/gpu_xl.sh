@@ -77,7 +77,7 @@ if done_ 00_data; then
   done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune
   done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
 fi
-for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $R/$s/config.json $O/ 2>/dev/null; done
+for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
 cp $R/03_drafter_finetune/decode-*.json $O/ 2>/dev/null
 for s in 01_qad 03_drafter_finetune 04_drafter_quant; do cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; done
 tar czf "$DEV_OUT/xl.tgz" -C /tmp o

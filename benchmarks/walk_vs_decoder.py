@@ -36,7 +36,8 @@ def main() -> int:
     from qdflash.drafter_train import eval_prompts
     from qdflash.models import load_model, load_tokenizer, resolve_target
     from qdflash.runio import git_sha, read_json, write_json
-    from qdflash.speculative import acceptance_stats, run_decoding
+    from qdflash.decode_stats import acceptance_stats
+    from qdflash.speculative import run_decoding
     from qdflash.walk import Walker, agreement
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")

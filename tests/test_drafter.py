@@ -5,7 +5,8 @@ from qdflash.data import prompt_ids
 from qdflash.drafter import load_drafter, new_drafter, save_drafter
 from qdflash.drafter_train import block_mask, make_batch, sample_anchors
 from qdflash.config import DrafterConfig, load_config
-from qdflash.speculative import acceptance_stats, generate
+from qdflash.decode_stats import acceptance_stats
+from qdflash.speculative import generate
 
 PROMPTS = ["tell me about the moon", "why is the sky blue", "write a song about cats and dogs", "hello"]
 

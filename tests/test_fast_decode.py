@@ -53,7 +53,7 @@ def _target_states(target, prompt: list[int], n: int) -> tuple[list[int], torch.
 
 
 def test_shared_acceptance_rule():
-    from qdflash.speculative import accept_drafts, emit_tokens
+    from qdflash.decode_steps import accept_drafts, emit_tokens
     assert accept_drafts([5, 1, 2, 3], [1, 2, 9, 7]) == (2, [1, 2, 9])      # 2 drafts, then the correction
     assert accept_drafts([5, 1, 2], [1, 2, 8]) == (2, [1, 2, 8])            # all drafts, then the bonus
     assert accept_drafts([5, 1, 2], [4, 2, 8]) == (0, [4])

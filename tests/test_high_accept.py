@@ -23,7 +23,8 @@ def reference(fixture):
     """Reference decoder (fp32, greedy) per drafter and window: (per-position acceptance, tau, tokens)."""
     from qdflash.drafter import load_drafter
     from qdflash.models import load_model
-    from qdflash.speculative import acceptance_stats, generate
+    from qdflash.decode_stats import acceptance_stats
+    from qdflash.speculative import generate
     p = fixture["paths"]
     target = load_model(p["target"], "float32", "cpu")
     out = {"plain": [generate(target, q, NEW).tokens for q in fixture["prompts"]], "target": target}
@@ -64,7 +65,8 @@ def test_walk_gives_the_decoders_accept_lengths(fixture, reference):
     """Teacher forcing along plain greedy (walk.Walker) records, prompt by prompt, the accept lengths the decoder
     recorded: full blocks (tau ~4, the last one cut by the length limit), the wrong windows and the wrong layers
     (mixed acceptance), the quantized drafters. Then with an EOS that occurs mid-output."""
-    from qdflash.speculative import GenResult, generate
+    from qdflash.decode_stats import GenResult
+    from qdflash.speculative import generate
     from qdflash.walk import Walker
     target, prompts = reference["target"], fixture["prompts"]
     walker = Walker(target, prompts, [GenResult(tokens=t) for t in reference["plain"]], None)

@@ -3,7 +3,7 @@ import torch
 
 from qdflash import quant as Q
 from qdflash.config import QADConfig, load_config
-from qdflash.qad import collate, compare_to_teacher, kl_loss, names
+from qdflash.qad import collate, kl_loss, names
 from qdflash.runio import read_json, read_jsonl
 
 

@@ -103,7 +103,7 @@ def test_hybrid_speculative_decoding_is_lossless_with_partial_acceptances(mini, 
 def test_rollback_block_restores_the_pre_block_cache(mini):
     from transformers import DynamicCache
 
-    from qdflash.speculative import rollback_block, snapshot_recurrent
+    from qdflash.decode_steps import rollback_block, snapshot_recurrent
     model, _ = mini
     ids = torch.tensor([[248045, 846, 198, 5834, 248046, 198, 248045, 74455, 198]])
     with torch.no_grad():

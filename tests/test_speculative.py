@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from qdflash.data import prompt_ids
-from qdflash.speculative import GenResult, acceptance_stats, generate, paired_bootstrap
+from qdflash.decode_stats import GenResult, acceptance_stats, paired_bootstrap
+from qdflash.speculative import generate
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -205,7 +205,7 @@ def shapes_bench(ctx_len: int = 1024) -> dict:
         cache = DynamicCache(config=target.config)
         target(input_ids=ids, past_key_values=cache, use_cache=True)
 
-        from .speculative import rollback_block, snapshot_recurrent
+        from .decode_steps import rollback_block, snapshot_recurrent
         snapshot = snapshot_recurrent(cache)   # the decoder's own rollback: GDN states restored, attention KV cropped
 
         def verify(n):

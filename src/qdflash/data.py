@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .config import DataConfig, read_config
 from .prompt_filter import keep_prompt
-from .runio import (finish_run, read_jsonl, sha256_file, start_run, torch_dtype, write_json, write_jsonl)
+from .runio import (finish_run, read_jsonl, sha256_file, start_run, write_json, write_jsonl)
 
 
 @dataclass

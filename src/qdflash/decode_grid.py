@@ -50,7 +50,7 @@ def saved_runs(path: Path, settings: dict, prints: dict[str, str], walk=()) -> t
     except drafters whose fingerprint differs or that were measured the other way (walked, ``walk``, or decoded);
     nothing when the settings differ or there is no file.
     Returns ``(runs, sessions, decoders)``: the results, and the process and decoder of each kept run."""
-    from .speculative import results_from_json
+    from .decode_stats import results_from_json
     if not path.exists():
         return {}, {}, {}
     d = read_json(path)
@@ -72,7 +72,8 @@ def decode_grid(path: Path, target, settings: dict, drafters: dict, eos_token_id
     target's name or directory) and the decoding settings of ``SETTINGS``; the target's files and the git SHA are
     added here. Returns compare_with_plain's stats; reused runs say ``"reused": true`` and keep the times measured
     when they were decoded."""
-    from .speculative import compare_with_plain, results_to_json
+    from .decode_stats import results_to_json
+    from .speculative import compare_with_plain
     settings = {**settings, "target_files": target_files(settings["target"]), "code": git_sha()}
     prints = {name: fingerprint(d) for name, d in drafters.items()}
     reuse, sessions, decoders = saved_runs(path, settings, prints, walk)

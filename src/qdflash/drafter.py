@@ -240,10 +240,14 @@ def set_draft_vocab(drafter: DFlashDraftModel, token_ids) -> DFlashDraftModel:
     return drafter
 
 
+def _draft_vocab(drafter) -> torch.Tensor | None:
+    return getattr(drafter, "draft_vocab", None)      # drafter-like test doubles have none
+
+
 def target_to_draft(drafter: DFlashDraftModel, vocab_size: int) -> torch.Tensor | None:
     """[vocab_size] long: the draft index of each target token, -1 where the drafter cannot propose it (None: the
     full vocabulary)."""
-    d2t = drafter.draft_vocab
+    d2t = _draft_vocab(drafter)
     if d2t is None:
         return None
     t2d = torch.full((vocab_size,), -1, dtype=torch.long)
@@ -253,13 +257,13 @@ def target_to_draft(drafter: DFlashDraftModel, vocab_size: int) -> torch.Tensor 
 
 def draft_head_weight(drafter: DFlashDraftModel, lm_head) -> torch.Tensor:
     """The lm_head rows the drafter scores: all of them, or those of its draft vocabulary."""
-    d2t = drafter.draft_vocab
+    d2t = _draft_vocab(drafter)
     return lm_head.weight if d2t is None else lm_head.weight.index_select(0, d2t)
 
 
 def draft_tokens(drafter: DFlashDraftModel, lm_head, h: torch.Tensor) -> torch.Tensor:
     """The drafter's greedy proposals (target token ids) from its final states ``h`` [..., H]."""
-    d2t = drafter.draft_vocab
+    d2t = _draft_vocab(drafter)
     if d2t is None:
         return lm_head(h).argmax(-1)
     return d2t[F.linear(h, draft_head_weight(drafter, lm_head)).argmax(-1)]

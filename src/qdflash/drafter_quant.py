@@ -29,7 +29,7 @@ from torch import nn
 
 from .config import DrafterQuantConfig
 from .data import load_split
-from .drafter import DFlashDraftModel, load_drafter, resolve_window, save_drafter, target_features
+from .drafter import DFlashDraftModel, load_drafter, resolve_window, target_features
 from .models import load_model, load_tokenizer
 from .runio import dir_size_bytes, finish_run, read_json, start_run
 
@@ -247,7 +247,7 @@ def rtn_w8_drafter(src: str | Path, group: int, out_dir: str | Path) -> Path:
 def reusable_decodes(path: Path, target: str, prompts: list[list[int]], cfg: DrafterQuantConfig) -> dict:
     """Stage 03's per-prompt results on the QAD target ("plain" and the two-stage drafter as "fp32"), when they were
     decoded with exactly this stage's settings (same target, prompts, length, greedy fp32, decoder); else nothing."""
-    from .speculative import results_from_json
+    from .decode_stats import results_from_json
     if not path.exists():
         return {}
     d = read_json(path)

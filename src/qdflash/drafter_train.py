@@ -22,11 +22,10 @@ from . import distributed
 from .config import DrafterConfig, default_gamma
 from .data import load_split, regenerate_rows
 from .drafter import (DFlashDraftModel, check_window, draft_head_weight, in_window, load_drafter,
-                      most_frequent_tokens, new_drafter, save_drafter, set_draft_vocab, target_features,
-                      target_to_draft)
+                      most_frequent_tokens, new_drafter, save_drafter, set_draft_vocab, target_to_draft)
 from .losses import linear_cross_entropy
 from .models import load_model, load_tokenizer, mask_token_id, resolve_target
-from .runio import atomic_write_text, finish_run, read_json, read_jsonl, start_run, thin, torch_dtype, write_json
+from .runio import atomic_write_text, finish_run, read_json, read_jsonl, start_run, thin, torch_dtype
 
 
 @dataclass
@@ -382,7 +381,7 @@ def eval_groups(data_dir, n: int) -> list[str]:
 
 def tau_by_group(decode_file: Path, groups: list[str]) -> dict:
     """tau with its interval over prompts, per source group, of every drafter run saved in ``decode_file``."""
-    from .speculative import acceptance_stats, results_from_json
+    from .decode_stats import acceptance_stats, results_from_json
     saved = read_json(decode_file).get("results", {})
     out = {}
     for name, rows in saved.items():

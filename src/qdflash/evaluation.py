@@ -446,7 +446,7 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
                                             "items": len(q_items[name][t])} for t, m in qtasks.items()}
     spec = {}
     if cfg.with_speculation and cfg.preset != "full":
-        from .speculative import acceptance_stats
+        from .decode_stats import acceptance_stats
         fm = read_json(Path(finetune_dir) / "metrics.json")
         drafter_dir = str(Path(finetune_dir) / fm["drafters"]["two_stage"])
         SpecLM = _spec_lm_class()

@@ -32,7 +32,8 @@ from transformers.cache_utils import Cache, StaticLayer
 from transformers.models.qwen3.modeling_qwen3 import repeat_kv
 
 from .drafter import DFlashDraftModel, _rope, draft_tokens, in_window, resolve_window
-from .speculative import GenResult, _sample, _sync, accept_drafts, emit_tokens
+from .decode_stats import GenResult
+from .decode_steps import accept_drafts, emit_tokens, sample_tokens, sync
 
 
 def check_plain_attention(target) -> None:
@@ -228,7 +229,7 @@ class FastDecoder:
         P = len(prompt_ids)
         self.cache.seek(0)
         logits = self._target_forward(torch.tensor([prompt_ids], device=self.device), logits_to_keep=1)
-        x = int(_sample(logits, temperature, gen)[0])
+        x = int(sample_tokens(logits, temperature, gen)[0])
         if self.drafter is not None:
             self._write_context(self._features(), torch.zeros((), dtype=torch.long, device=self.device))
         self.cache.seek(P)
@@ -246,11 +247,11 @@ class FastDecoder:
                              f"max_len={self.max_len}; build the FastDecoder with a larger max_len")
         gen = torch.Generator(device=self.device).manual_seed(seed) if temperature > 0 else None
         res = GenResult(tokens=[], block_size=B)
-        _sync(self.device)
+        sync(self.device)
         t0 = time.perf_counter()
         x = self.prefill(prompt_ids, temperature, gen)
         start = prev = P
-        _sync(self.device)
+        sync(self.device)
         res.prefill_time_s = time.perf_counter() - t0
         res.tokens.append(x)
         done = x == eos_token_id or len(res.tokens) >= max_new_tokens
@@ -264,14 +265,14 @@ class FastDecoder:
                 self.dpos[1].fill_(prev)
                 self._draft()
                 if split_timing:
-                    _sync(self.device)
+                    sync(self.device)
                     t1 = time.perf_counter()
                     res.draft_time_s += t1 - t0
                     t0 = t1
                 logits = self._verify()
             else:
                 logits = self._plain()
-            post_t = _sample(logits, temperature, gen)
+            post_t = sample_tokens(logits, temperature, gen)
             row = torch.cat([self.ids[0, 1:], post_t]).tolist()     # the one device -> host read of the step
             acc, new = accept_drafts([x] + row[: B - 1], row[B - 1:])
             res.verify_time_s += time.perf_counter() - t0

@@ -200,3 +200,56 @@ def gpu_xl_summary(run_dir: str | Path) -> str:
                      f"({pre['tau_ci95'][0]:.3f}-{pre['tau_ci95'][1]:.3f}) on {t['prompts']} held-out real prompts x "
                      f"{t['max_new_tokens']} tokens ({t['decoder']} decoder, {t['dtype']}); by source: {src}.")
     return "\n".join(lines) + "\n"
+
+
+def gpu_xl_training_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
+    """Markdown lines for a ``smol-gpu-xl`` training run without a regeneration benchmark (``gpu_xl.sh setup`` with a
+    baseline tree, then ``go``): stage 00's regeneration speed, the drafter-step variants against the baseline tree
+    (synthetic batches, one machine, one run each), stage 01, stage 02 and its decoded tau by source, paired on the same
+    held-out prompts with ``earlier_run``'s pretrain drafter. Every number read from its JSON."""
+    from .decode_stats import paired_bootstrap, results_from_json
+    d, e = Path(run_dir), Path(earlier_run)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    m0, m1, m2 = rd(d / "metrics-00_data.json"), rd(d / "metrics-01_qad.json"), rd(d / "metrics-02_drafter_pretrain.json")
+    g = m0["regeneration"]
+    steps = {k: rd(d / f"step-{k}.json") for k in ("base", "nochunk", "chunk", "vocab8k")}
+    base = steps["base"]
+    gpu = base["provenance"]["gpu"]
+    loop = {k: v["loop_s_per_step"] for k, v in steps.items()}
+    trace = (d / "trace-base.txt").read_text()
+    gpu_ms = _secs(re.search(r"Self CUDA time total: (\S+)", trace).group(1)) * 1e3 / 5
+    lines = [f"- Stage 00 ({gpu}, commit {m0['git_sha'][:7]}): {m0['n_train']:,} + {m0['n_val']} conversations in "
+             f"{m0['wall_time_s']:.0f} s; regeneration {g['output_tokens_per_s'] / 1e3:.1f}K output tok/s at batch "
+             f"{g['batch_size']} ({g['output_tokens']:,} tokens, {g['steps']:,} decode steps in {g['decode_s']:.0f} s)."]
+    lines.append(
+        f"- One drafter training step (`benchmarks/drafter_step_profile.py --synthetic 4096`, batch "
+        f"{base['batch_size']} x {base['num_anchors']} anchors, `train_drafter` itself over {base['loop_steps']} steps, one "
+        f"run each on one {gpu}): baseline tree ({base['provenance']['git_sha'][:7]}) {1e3 * loop['base']:.0f} ms; "
+        f"this tree {1e3 * loop['nochunk']:.0f} ms in one piece, {1e3 * loop['chunk']:.0f} ms with the chunked "
+        f"lm_head + CE ({loop['base'] / loop['chunk']:.2f}x), {1e3 * loop['vocab8k']:.0f} ms with an 8K draft "
+        f"vocabulary as well ({loop['base'] / loop['vocab8k']:.2f}x). Synchronised parts of the baseline step: target "
+        f"features {1e3 * base['median_s']['features']:.0f} ms, drafter forward+backward "
+        f"{1e3 * base['median_s']['fwd_bwd']:.0f} ms ({base['fwd_bwd_tflops_achieved']:.0f} TFLOP/s of "
+        f"{base['bf16_peak_tflops']:.0f} measured bf16 peak); the profiler counts {gpu_ms:.0f} ms of GPU kernels per "
+        f"step of the baseline loop (`trace-base.txt`, 5 steps): the rest is the GPU waiting for the host's launches.")
+    q = m1["qad_vs_gptq_kl"]
+    lines.append(f"- Stage 01 (QAD, {m1['steps']} steps, {m1['wall_time_s']:.0f} s): held-out KL to the teacher "
+                 f"{q['ratio']:.2f}x GPTQ's ({q['ratio_ci95'][0]:.2f}-{q['ratio_ci95'][1]:.2f}, "
+                 f"{q['n_conversations']} conversations).")
+    tr = m2["train"]
+    t = rd(d / "tau-pretrain-fp.json")
+    pre = t["drafters"]["pretrain"]
+    src = ", ".join(f"{k} {v['tau']:.2f} ({v['tau_ci95'][0]:.2f}-{v['tau_ci95'][1]:.2f}, {v['prompts']} prompts)"
+                    for k, v in pre["by_source"].items())
+    batch = m0["n_train"] * tr["epochs"] // tr["steps"]     # the run's --set batch_size (stage 03's config.json overwrote 02's)
+    ga, gb = rd(d / "tau-pretrain-fp.grid.json"), rd(e / "tau-pretrain-fp.grid.json")
+    pb = paired_bootstrap(results_from_json(ga["results"]["pretrain"]), results_from_json(gb["results"]["pretrain"]))
+    eb = rd(e / "metrics-02_drafter_pretrain.json")["train"]
+    lines.append(
+        f"- Stage 02 at {tr['epochs']} epochs, batch {batch} ({tr['steps']:,} steps, "
+        f"{tr['train_s']:.0f} s; one seed): the pretrained drafter on the FP target decodes at tau {pre['tau']:.3f} "
+        f"({pre['tau_ci95'][0]:.3f}-{pre['tau_ci95'][1]:.3f}) on {t['prompts']} held-out real prompts x "
+        f"{t['max_new_tokens']} tokens; by source: {src}. Against the {eb['epochs']}-epoch run at batch 32 "
+        f"({eb['steps']:,} steps, `{e.name}/`) on the same prompts and data: {pb['diff']:+.3f} "
+        f"({pb['diff_ci95'][0]:+.3f} to {pb['diff_ci95'][1]:+.3f}, paired bootstrap over prompts).")
+    return "\n".join(lines) + "\n"

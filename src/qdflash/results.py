@@ -229,6 +229,13 @@ def _gpu_xl(reads: list[Path], root: Path) -> str:
             + gpu_xl_summary(xl))
 
 
+def _gpu_xl_training(reads: list[Path], root: Path) -> str:
+    from .gpu_results import gpu_xl_training_summary
+    run, earlier = reads[0].parent, reads[1].parent
+    return (f"\n`smol-gpu-xl`, the drafter step and more epochs (issue 34; `{rel(run)}/`):\n\n"
+            + gpu_xl_training_summary(run, earlier))
+
+
 def _table(table: str, title):
     """A section that is one table of a ``gpu_results`` function over the one file (or folder) it reads; ``title``
     gets that path."""
@@ -260,6 +267,7 @@ SECTIONS = {
     "gpu_drafters_decoded": _gpu_drafters_decoded,
     "gpu_stage03": _gpu_stage03,
     "gpu_xl": _gpu_xl,
+    "gpu_xl_training": _gpu_xl_training,
     "plain_decode": _table("plain_decode_table", lambda p: (
         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
         f"(`benchmarks/gpu_fast_decode.py`; `{rel(p.parent)}/`)")),

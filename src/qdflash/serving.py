@@ -18,7 +18,6 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -136,7 +135,7 @@ def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = 2000, seed: int 
     per-prompt deltas of its spec-decode counters (``vllm_worker`` decodes one prompt per call)."""
     import numpy as np
 
-    from .speculative import _ci95, _resample_counts
+    from .decode_stats import ci95, resample_counts
     rows = [p for p in per_prompt if p["drafts"]]
     if not rows:
         return {}
@@ -145,11 +144,11 @@ def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = 2000, seed: int 
     k = max(len(p["accepted_per_pos"]) for p in rows)
     pp = np.array([list(p["accepted_per_pos"]) + [0] * (k - len(p["accepted_per_pos"])) for p in rows],
                   dtype=np.float64).reshape(len(rows), k)
-    w = _resample_counts(len(rows), resamples, seed)
+    w = resample_counts(len(rows), resamples, seed)
     with np.errstate(invalid="ignore", divide="ignore"):
         tau_r = 1 + (w @ a) / (w @ d)
         pos_r = (w @ pp) / (w @ d)[:, None]
-    return {"tau_ci95": _ci95(tau_r), "per_position_ci95": [_ci95(pos_r[:, i]) for i in range(k)],
+    return {"tau_ci95": ci95(tau_r), "per_position_ci95": [ci95(pos_r[:, i]) for i in range(k)],
             "prompts_with_drafts": len(rows)}
 
 

@@ -16,99 +16,16 @@ needs neither.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from .config import DECODERS
+from .decode_stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, GenResult, acceptance_stats, ci95,  # noqa: F401
+                           paired_bootstrap, results_from_json, results_to_json, run_stats, speedup_ci95)
+from .decode_steps import (accept_drafts, emit_tokens, is_recurrent, rollback_block, sample_tokens,  # noqa: F401
+                           snapshot_recurrent, sync)
 from .drafter import DFlashDraftModel, DraftCache, draft_tokens, resolve_window, target_features
-
-
-@dataclass
-class GenResult:
-    tokens: list[int]
-    accept_lengths: list[int] = field(default_factory=list)    # per verify step, bonus counted
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    prefill_time_s: float = 0.0
-    block_size: int = 1
-    walk: bool = False              # accept lengths from ``walk.Walker`` (no verify forward ran: no verify time)
-
-    @property
-    def decode_time_s(self) -> float:
-        return self.draft_time_s + self.verify_time_s
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _sample(logits: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor:
-    """logits [n, V] -> tokens [n]."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, -1)
-    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-
-
-def _recurrent(layer_or_class) -> bool:
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin
-    cls = layer_or_class if isinstance(layer_or_class, type) else type(layer_or_class)
-    return issubclass(cls, LinearAttentionCacheLayerMixin)
-
-
-def snapshot_recurrent(cache) -> list | None:
-    """Copies of the conv and recurrent states of every linear-attention layer of ``cache``; None when it has none
-    (a plain-attention cache, which ``crop`` rolls back)."""
-    snap = [(i, {k: None if v is None else v.clone() for k, v in layer.conv_states.items()},
-             {k: None if v is None else v.clone() for k, v in layer.recurrent_states.items()},
-             dict(layer.has_previous_state)) for i, layer in enumerate(cache.layers) if _recurrent(layer)]
-    return snap or None
-
-
-def rollback_block(cache, snapshot: list, n_block: int) -> None:
-    """Undo the last forward of ``n_block`` tokens: crop them from every attention layer's KV and put the
-    linear-attention states back to ``snapshot`` (taken just before that forward)."""
-    from transformers.cache_utils import CacheLayerMixin
-    for i, conv, rec, prev in snapshot:
-        layer = cache.layers[i]
-        for states, saved in ((layer.conv_states, conv), (layer.recurrent_states, rec)):
-            for k, v in saved.items():
-                if v is not None and states[k] is not None and states[k].shape == v.shape:
-                    states[k].copy_(v)          # in place: transformers keeps these tensors at a static address
-                else:
-                    states[k] = None if v is None else v.clone()
-        layer.has_previous_state.update(prev)
-    for layer in cache.layers:
-        if not isinstance(layer, CacheLayerMixin):
-            continue
-        # a layer holding both kinds crops only its attention part (the first non-recurrent crop in its MRO)
-        crop = next(c.crop for c in type(layer).__mro__
-                    if "crop" in c.__dict__ and issubclass(c, CacheLayerMixin) and not _recurrent(c))
-        crop(layer, -n_block)
-
-
-def accept_drafts(block: list[int], post: list[int]) -> tuple[int, list[int]]:
-    """Verification of one block (shared by this decoder and ``fast_decode``). ``block`` = [anchor, drafts...];
-    ``post[i]`` is the target's token (argmax or sample) after ``block[: i + 1]``. Returns the number of accepted
-    drafts (the longest prefix of drafts equal to the target's tokens) and the tokens this step emits: the accepted
-    drafts plus the target's token at the first mismatch (correction) or after the block (bonus)."""
-    acc = 0
-    while acc < len(block) - 1 and block[acc + 1] == post[acc]:
-        acc += 1
-    return acc, block[1: acc + 1] + [post[acc]]
-
-
-def emit_tokens(tokens: list[int], new: list[int], eos_token_id: int | None, max_new_tokens: int) -> bool:
-    """Append ``new`` to ``tokens``, stopping at EOS or at ``max_new_tokens``; True when decoding is over."""
-    for t in new:
-        tokens.append(t)
-        if t == eos_token_id or len(tokens) >= max_new_tokens:
-            return True
-    return False
 
 
 @torch.no_grad()
@@ -124,18 +41,18 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     res = GenResult(tokens=[], block_size=B)
 
-    _sync(dev)
+    sync(dev)
     t0 = time.perf_counter()
     ids = torch.tensor([prompt_ids], device=dev)
     tcache = DynamicCache(config=target.config)
     out = target(input_ids=ids, past_key_values=tcache, use_cache=True, output_hidden_states=drafter is not None,
                  logits_to_keep=1)
-    x = int(_sample(out.logits[0, -1:], temperature, gen)[0])
+    x = int(sample_tokens(out.logits[0, -1:], temperature, gen)[0])
     start = len(prompt_ids)
     ctx = target_features(out.hidden_states, layer_ids) if drafter is not None else None
     ctx_pos = torch.arange(start, device=dev)[None]
     dcache = DraftCache()
-    _sync(dev)
+    sync(dev)
     res.prefill_time_s = time.perf_counter() - t0
     res.tokens.append(x)
 
@@ -147,14 +64,14 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
             q_pos = torch.arange(start, start + B, device=dev)[None]
             h = drafter(noise, ctx, q_pos, ctx_pos, dcache, window=window)
             block += draft_tokens(drafter, lm_head, h[:, 1:])[0].tolist()
-            _sync(dev)
+            sync(dev)
             res.draft_time_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         pos = torch.arange(start, start + B, device=dev)[None]
         snap = snapshot_recurrent(tcache) if B > 1 else None
         out = target(input_ids=torch.tensor([block], device=dev), position_ids=pos, past_key_values=tcache,
                      use_cache=True, output_hidden_states=drafter is not None)
-        post = _sample(out.logits[0], temperature, gen).tolist()
+        post = sample_tokens(out.logits[0], temperature, gen).tolist()
         acc, new = accept_drafts(block, post)
         if B - acc - 1 > 0 and snap is None:
             tcache.crop(-(B - acc - 1))   # drop the rejected positions' KV
@@ -165,7 +82,7 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
         if drafter is not None:
             ctx = target_features(out.hidden_states, layer_ids)[:, : acc + 1]
             ctx_pos = torch.arange(start, start + acc + 1, device=dev)[None]
-        _sync(dev)
+        sync(dev)
         res.verify_time_s += time.perf_counter() - t0
         res.accept_lengths.append(acc + 1)
         start += acc + 1
@@ -173,101 +90,6 @@ def generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlash
         if emit_tokens(res.tokens, new, eos_token_id, max_new_tokens):
             break
     return res
-
-
-BOOTSTRAP_RESAMPLES = 2000      # percentile bootstrap over prompts (the unit of independence), 95% intervals
-BOOTSTRAP_SEED = 0
-
-
-def _per_prompt(results: list[GenResult], B: int):
-    """Per prompt: sum of acceptance lengths [P], verify steps [P], steps accepting draft position i [P, B-1]."""
-    import numpy as np
-    s = np.array([sum(r.accept_lengths) for r in results], dtype=np.float64)
-    n = np.array([len(r.accept_lengths) for r in results], dtype=np.float64)
-    c = np.array([[sum(1 for a in r.accept_lengths if a - 1 > i) for i in range(B - 1)] for r in results],
-                 dtype=np.float64).reshape(len(results), B - 1)
-    return s, n, c
-
-
-def _resample_counts(n_prompts: int, resamples: int, seed: int):
-    """[R, P] multiplicities of each prompt in R bootstrap resamples of the P prompts (with replacement)."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n_prompts, size=(resamples, n_prompts))
-    w = np.zeros((resamples, n_prompts))
-    np.add.at(w, (np.arange(resamples)[:, None], idx), 1.0)
-    return w
-
-
-def _ci95(x) -> list[float]:
-    import numpy as np
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    if not x.size:
-        return [float("nan"), float("nan")]
-    lo, hi = np.percentile(x, [2.5, 97.5])
-    return [float(lo), float(hi)]
-
-
-def acceptance_stats(results: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
-                     seed: int = BOOTSTRAP_SEED) -> dict:
-    """tau (mean acceptance length, bonus counted, pooled over all verify steps), per-position acceptance rates r_i
-    (fraction of steps whose draft position i was accepted; sum r_i = tau - 1), the per-request mean tau, and their
-    uncertainty over *prompts*: a seeded percentile bootstrap that resamples whole prompts (steps within a prompt
-    are correlated, so resampling steps would understate it). ``tau_ci95``, ``per_position_ci95`` and
-    ``accept_rate_ci95`` are 95% intervals of the same pooled ratios; ``tau_stderr`` is the bootstrap standard
-    deviation of tau (over prompts, not over steps)."""
-    import numpy as np
-    lens = [a for r in results for a in r.accept_lengths]
-    boot = {"unit": "prompt", "resamples": resamples, "seed": seed, "level": 0.95}
-    if not lens:
-        return {"tau": float("nan"), "tau_ci95": [float("nan")] * 2, "per_position": [], "per_position_ci95": [],
-                "steps": 0, "prompts": len(results), "bootstrap": boot}
-    B = results[0].block_size
-    if any(r.block_size != B for r in results):
-        raise ValueError(f"acceptance_stats: results mix block sizes {sorted({r.block_size for r in results})}")
-    n = len(lens)
-    per_pos = [sum(1 for a in lens if a - 1 > i) / n for i in range(B - 1)]
-    per_req = [sum(r.accept_lengths) / len(r.accept_lengths) for r in results if r.accept_lengths]
-    tau = sum(lens) / n
-    s, k, c = _per_prompt(results, B)
-    w = _resample_counts(len(results), resamples, seed)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        steps_r = w @ k
-        tau_r = (w @ s) / steps_r                                   # [R]
-        pos_r = (w @ c) / steps_r[:, None]                          # [R, B-1]
-    acc_r = (tau_r - 1) / max(1, B - 1)
-    finite = tau_r[np.isfinite(tau_r)]
-    return {"tau": tau, "tau_ci95": _ci95(tau_r),
-            "tau_stderr": float(finite.std(ddof=1)) if finite.size > 1 else 0.0,
-            "tau_per_request_mean": sum(per_req) / len(per_req),
-            "per_position": per_pos, "per_position_ci95": [_ci95(pos_r[:, i]) for i in range(B - 1)],
-            "accept_rate": (tau - 1) / max(1, B - 1), "accept_rate_ci95": _ci95(acc_r), "steps": n,
-            "prompts": len(results), "histogram": [sum(1 for a in lens if a == j) for j in range(1, B + 1)],
-            "bootstrap": boot}
-
-
-def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
-                     seed: int = BOOTSTRAP_SEED) -> dict:
-    """tau(a) - tau(b) for two decoders run on the same prompts in the same order, with a 95% interval from a paired
-    bootstrap: each resample draws prompts with replacement and recomputes both pooled taus on the same draw, so
-    prompt difficulty cancels. ``frac_a_above_b``: the fraction of resamples where tau(a) > tau(b)."""
-    import numpy as np
-    if len(a_results) != len(b_results) or not a_results:
-        raise ValueError(f"paired_bootstrap needs results on the same non-empty prompt list "
-                         f"(got {len(a_results)} and {len(b_results)})")
-    sa, ka, _ = _per_prompt(a_results, 1)
-    sb, kb, _ = _per_prompt(b_results, 1)
-    if not ka.sum() or not kb.sum():
-        raise ValueError("paired_bootstrap: a decoder has no verify steps")
-    w = _resample_counts(len(a_results), resamples, seed)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = (w @ sa) / (w @ ka) - (w @ sb) / (w @ kb)
-    d = d[np.isfinite(d)]
-    ta, tb = float(sa.sum() / ka.sum()), float(sb.sum() / kb.sum())
-    return {"tau_a": ta, "tau_b": tb, "diff": ta - tb, "diff_ci95": _ci95(d),
-            "frac_a_above_b": float((d > 0).mean()) if d.size else float("nan"), "prompts": len(a_results),
-            "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
 
 
 def _drafter_shape(drafter) -> tuple:
@@ -348,46 +170,6 @@ def run_decoding(target, prompts: list[list[int]], max_new_tokens: int, drafter=
     return results, stats
 
 
-def run_stats(results: list[GenResult], speculative: bool) -> dict:
-    """Acceptance (speculative runs), decode tokens, times, tokens/s and drafter share of one decoding run. A walked
-    run (``walk.Walker``) ran no verifier: it has the drafter's time per step, and no tokens/s, share or speedup."""
-    n_tok = sum(len(r.tokens) - 1 for r in results)  # decode tokens (the prefill token excluded)
-    stats = acceptance_stats(results) if speculative else {"tau": 1.0, "steps": sum(
-        len(r.accept_lengths) for r in results)}
-    draft = sum(r.draft_time_s for r in results)
-    stats.update({"decode_tokens": n_tok, "draft_time_s": draft,
-                  "drafter_ms_per_step": 1e3 * draft / max(1, stats["steps"]) if speculative else 0.0})
-    if results and all(r.walk for r in results):
-        stats.update({"measured_by": "walk", "decode_time_s": None, "tokens_per_s": None, "verify_time_s": None,
-                      "drafter_share": None})
-        return stats
-    dec = sum(r.decode_time_s for r in results)
-    stats.update({"measured_by": "decoder", "decode_time_s": dec, "tokens_per_s": n_tok / max(dec, 1e-9),
-                  "verify_time_s": sum(r.verify_time_s for r in results)})
-    stats["drafter_share"] = draft / max(dec, 1e-9)
-    return stats
-
-
-def _speedup_ci95(plain: list[GenResult], spec: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
-                  seed: int = BOOTSTRAP_SEED) -> list[float]:
-    """95% paired bootstrap interval over prompts of (decode tokens / decode time) spec over plain."""
-    import numpy as np
-    tok = lambda rs: np.array([len(r.tokens) - 1 for r in rs], dtype=np.float64)   # noqa: E731
-    sec = lambda rs: np.array([r.decode_time_s for r in rs], dtype=np.float64)     # noqa: E731
-    w = _resample_counts(len(plain), resamples, seed)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = ((w @ tok(spec)) / (w @ sec(spec))) / ((w @ tok(plain)) / (w @ sec(plain)))
-    return _ci95(ratio)
-
-
-def results_to_json(results: list[GenResult]) -> list[dict]:
-    return [dataclasses.asdict(r) for r in results]
-
-
-def results_from_json(rows: list[dict]) -> list[GenResult]:
-    return [GenResult(**r) for r in rows]
-
-
 def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperature=0.0, eos_token_id=None,
                        window=None, seed=0, progress=False, reuse: dict | None = None,
                        results: dict | None = None, decoder: str = "eager", on_result=None,
@@ -452,7 +234,7 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
             if st["measured_by"] == "decoder":
                 st["speedup"] = st["tokens_per_s"] / max(pstats["tokens_per_s"] or 0.0, 1e-9)
                 if prompts:
-                    st["speedup_ci95"] = _speedup_ci95(plain, res)
+                    st["speedup_ci95"] = speedup_ci95(plain, res)
                 if temperature <= 0:
                     st["mismatched_outputs"] = sum(a.tokens != b.tokens for a, b in zip(plain, res))
                 if walker is not None and not st.get("reused"):

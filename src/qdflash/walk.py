@@ -67,7 +67,8 @@ class Walker:
         record with ``drafter`` (window as in ``generate``: None = the checkpoint's, 0 = none) and the drafter time."""
         from tqdm.auto import tqdm
 
-        from .speculative import GenResult, _sync
+        from .decode_stats import GenResult
+        from .decode_steps import sync
         B = drafter.block_size
         window = resolve_window(drafter, window)
         embed = self.target.get_input_embeddings()
@@ -90,7 +91,7 @@ class Walker:
                 q_pos = torch.arange(start, start + B, device=self.dev)[None]
                 h = drafter(noise, ctx, q_pos, ctx_pos, dcache, window=window)
                 draft = draft_tokens(drafter, lm_head, h[:, 1:])[0].tolist()
-                _sync(self.dev)
+                sync(self.dev)
                 res.draft_time_s += time.perf_counter() - t0
                 acc = 0
                 while acc < B - 1 and draft[acc] == seq[start + 1 + acc]:

@@ -1,0 +1,158 @@
+"""Statistics of decoding runs: a run's per-prompt result (``GenResult``), tau and per-position acceptance with
+seeded percentile-bootstrap intervals over prompts (the unit of independence), paired differences, speedup
+intervals, and the JSON form the stages save. numpy only: report code reads saved runs without torch models."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenResult:
+    tokens: list[int]
+    accept_lengths: list[int] = field(default_factory=list)    # per verify step, bonus counted
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    block_size: int = 1
+    walk: bool = False              # accept lengths from ``walk.Walker`` (no verify forward ran: no verify time)
+
+    @property
+    def decode_time_s(self) -> float:
+        return self.draft_time_s + self.verify_time_s
+
+
+
+BOOTSTRAP_RESAMPLES = 2000      # percentile bootstrap over prompts (the unit of independence), 95% intervals
+BOOTSTRAP_SEED = 0
+
+
+def per_prompt_sums(results: list[GenResult], B: int):
+    """Per prompt: sum of acceptance lengths [P], verify steps [P], steps accepting draft position i [P, B-1]."""
+    import numpy as np
+    s = np.array([sum(r.accept_lengths) for r in results], dtype=np.float64)
+    n = np.array([len(r.accept_lengths) for r in results], dtype=np.float64)
+    c = np.array([[sum(1 for a in r.accept_lengths if a - 1 > i) for i in range(B - 1)] for r in results],
+                 dtype=np.float64).reshape(len(results), B - 1)
+    return s, n, c
+
+
+def resample_counts(n_prompts: int, resamples: int, seed: int):
+    """[R, P] multiplicities of each prompt in R bootstrap resamples of the P prompts (with replacement)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n_prompts, size=(resamples, n_prompts))
+    w = np.zeros((resamples, n_prompts))
+    np.add.at(w, (np.arange(resamples)[:, None], idx), 1.0)
+    return w
+
+
+def ci95(x) -> list[float]:
+    import numpy as np
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return [float("nan"), float("nan")]
+    lo, hi = np.percentile(x, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def acceptance_stats(results: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED) -> dict:
+    """tau (mean acceptance length, bonus counted, pooled over all verify steps), per-position acceptance rates r_i
+    (fraction of steps whose draft position i was accepted; sum r_i = tau - 1), the per-request mean tau, and their
+    uncertainty over *prompts*: a seeded percentile bootstrap that resamples whole prompts (steps within a prompt
+    are correlated, so resampling steps would understate it). ``tau_ci95``, ``per_position_ci95`` and
+    ``accept_rate_ci95`` are 95% intervals of the same pooled ratios; ``tau_stderr`` is the bootstrap standard
+    deviation of tau (over prompts, not over steps)."""
+    import numpy as np
+    lens = [a for r in results for a in r.accept_lengths]
+    boot = {"unit": "prompt", "resamples": resamples, "seed": seed, "level": 0.95}
+    if not lens:
+        return {"tau": float("nan"), "tau_ci95": [float("nan")] * 2, "per_position": [], "per_position_ci95": [],
+                "steps": 0, "prompts": len(results), "bootstrap": boot}
+    B = results[0].block_size
+    if any(r.block_size != B for r in results):
+        raise ValueError(f"acceptance_stats: results mix block sizes {sorted({r.block_size for r in results})}")
+    n = len(lens)
+    per_pos = [sum(1 for a in lens if a - 1 > i) / n for i in range(B - 1)]
+    per_req = [sum(r.accept_lengths) / len(r.accept_lengths) for r in results if r.accept_lengths]
+    tau = sum(lens) / n
+    s, k, c = per_prompt_sums(results, B)
+    w = resample_counts(len(results), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        steps_r = w @ k
+        tau_r = (w @ s) / steps_r                                   # [R]
+        pos_r = (w @ c) / steps_r[:, None]                          # [R, B-1]
+    acc_r = (tau_r - 1) / max(1, B - 1)
+    finite = tau_r[np.isfinite(tau_r)]
+    return {"tau": tau, "tau_ci95": ci95(tau_r),
+            "tau_stderr": float(finite.std(ddof=1)) if finite.size > 1 else 0.0,
+            "tau_per_request_mean": sum(per_req) / len(per_req),
+            "per_position": per_pos, "per_position_ci95": [ci95(pos_r[:, i]) for i in range(B - 1)],
+            "accept_rate": (tau - 1) / max(1, B - 1), "accept_rate_ci95": ci95(acc_r), "steps": n,
+            "prompts": len(results), "histogram": [sum(1 for a in lens if a == j) for j in range(1, B + 1)],
+            "bootstrap": boot}
+
+
+def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED) -> dict:
+    """tau(a) - tau(b) for two decoders run on the same prompts in the same order, with a 95% interval from a paired
+    bootstrap: each resample draws prompts with replacement and recomputes both pooled taus on the same draw, so
+    prompt difficulty cancels. ``frac_a_above_b``: the fraction of resamples where tau(a) > tau(b)."""
+    import numpy as np
+    if len(a_results) != len(b_results) or not a_results:
+        raise ValueError(f"paired_bootstrap needs results on the same non-empty prompt list "
+                         f"(got {len(a_results)} and {len(b_results)})")
+    sa, ka, _ = per_prompt_sums(a_results, 1)
+    sb, kb, _ = per_prompt_sums(b_results, 1)
+    if not ka.sum() or not kb.sum():
+        raise ValueError("paired_bootstrap: a decoder has no verify steps")
+    w = resample_counts(len(a_results), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = (w @ sa) / (w @ ka) - (w @ sb) / (w @ kb)
+    d = d[np.isfinite(d)]
+    ta, tb = float(sa.sum() / ka.sum()), float(sb.sum() / kb.sum())
+    return {"tau_a": ta, "tau_b": tb, "diff": ta - tb, "diff_ci95": ci95(d),
+            "frac_a_above_b": float((d > 0).mean()) if d.size else float("nan"), "prompts": len(a_results),
+            "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
+
+
+def run_stats(results: list[GenResult], speculative: bool) -> dict:
+    """Acceptance (speculative runs), decode tokens, times, tokens/s and drafter share of one decoding run. A walked
+    run (``walk.Walker``) ran no verifier: it has the drafter's time per step, and no tokens/s, share or speedup."""
+    n_tok = sum(len(r.tokens) - 1 for r in results)  # decode tokens (the prefill token excluded)
+    stats = acceptance_stats(results) if speculative else {"tau": 1.0, "steps": sum(
+        len(r.accept_lengths) for r in results)}
+    draft = sum(r.draft_time_s for r in results)
+    stats.update({"decode_tokens": n_tok, "draft_time_s": draft,
+                  "drafter_ms_per_step": 1e3 * draft / max(1, stats["steps"]) if speculative else 0.0})
+    if results and all(r.walk for r in results):
+        stats.update({"measured_by": "walk", "decode_time_s": None, "tokens_per_s": None, "verify_time_s": None,
+                      "drafter_share": None})
+        return stats
+    dec = sum(r.decode_time_s for r in results)
+    stats.update({"measured_by": "decoder", "decode_time_s": dec, "tokens_per_s": n_tok / max(dec, 1e-9),
+                  "verify_time_s": sum(r.verify_time_s for r in results)})
+    stats["drafter_share"] = draft / max(dec, 1e-9)
+    return stats
+
+
+def speedup_ci95(plain: list[GenResult], spec: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
+                  seed: int = BOOTSTRAP_SEED) -> list[float]:
+    """95% paired bootstrap interval over prompts of (decode tokens / decode time) spec over plain."""
+    import numpy as np
+    tok = lambda rs: np.array([len(r.tokens) - 1 for r in rs], dtype=np.float64)   # noqa: E731
+    sec = lambda rs: np.array([r.decode_time_s for r in rs], dtype=np.float64)     # noqa: E731
+    w = resample_counts(len(plain), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = ((w @ tok(spec)) / (w @ sec(spec))) / ((w @ tok(plain)) / (w @ sec(plain)))
+    return ci95(ratio)
+
+
+def results_to_json(results: list[GenResult]) -> list[dict]:
+    return [dataclasses.asdict(r) for r in results]
+
+
+def results_from_json(rows: list[dict]) -> list[GenResult]:
+    return [GenResult(**r) for r in rows]
