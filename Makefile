@@ -34,7 +34,7 @@ define papermill
 	echo "$(2) $$(( $$(date +%s) - start ))s" >> $(abspath $(RUNS))/stage_times.txt
 endef
 
-.PHONY: help setup setup-vllm reproduce test test-fast figures results compare readme stages clean-runs
+.PHONY: help setup setup-vllm reproduce test test-fast figures results compare readme stages clean-runs deps
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/' | column -t -s$$'\t'
 
@@ -72,58 +72,77 @@ endif
 setup: $(STAMP) $(VLLM_STAMP)  ## create .venv and .venv-vllm and install everything (pinned)
 setup-vllm: $(VLLM_STAMP)  ## only the vLLM environment
 
-$(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/batch_generate.py src/qdflash/config.py src/qdflash/data.py src/qdflash/magpie.py src/qdflash/prompt_filter.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
-    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/losses.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
-    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
-    src/qdflash/speculative.py src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py | $(ENVS)
+$(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/batch_generate.py src/qdflash/config.py \
+    src/qdflash/dag.py src/qdflash/data.py src/qdflash/drafter.py src/qdflash/features.py src/qdflash/magpie.py \
+    src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/prompt_filter.py \
+    src/qdflash/quant.py src/qdflash/runio.py src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py \
+    src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py | $(ENVS)
 	$(call papermill,00_data_prep.ipynb,00_data)
-$(RUNS)/01_qad/metrics.json: notebooks/01_qad.ipynb src/qdflash/batch_generate.py src/qdflash/config.py src/qdflash/data.py src/qdflash/magpie.py src/qdflash/prompt_filter.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
-    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/losses.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
-    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/qad.py src/qdflash/quant.py src/qdflash/runio.py \
-    src/qdflash/serving.py src/qdflash/speculative.py src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json | $(ENVS)
+$(RUNS)/01_qad/metrics.json: notebooks/01_qad.ipynb src/qdflash/batch_generate.py src/qdflash/config.py \
+    src/qdflash/dag.py src/qdflash/data.py src/qdflash/distributed.py src/qdflash/drafter.py src/qdflash/features.py \
+    src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
+    src/qdflash/prompt_filter.py src/qdflash/qad.py src/qdflash/quant.py src/qdflash/runio.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
+    $(RUNS)/00_data/metrics.json | $(ENVS)
 	$(call papermill,01_qad.ipynb,01_qad)
-$(RUNS)/02_drafter_pretrain/metrics.json: notebooks/02_drafter_pretrain.ipynb src/qdflash/batch_generate.py src/qdflash/config.py src/qdflash/data.py src/qdflash/magpie.py src/qdflash/prompt_filter.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
-    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/losses.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
-    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
-    src/qdflash/speculative.py src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
+$(RUNS)/02_drafter_pretrain/metrics.json: notebooks/02_drafter_pretrain.ipynb src/qdflash/batch_generate.py \
+    src/qdflash/config.py src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_grid.py \
+    src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/distributed.py src/qdflash/drafter.py \
+    src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/losses.py \
+    src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
+    src/qdflash/prompt_filter.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/speculative.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
     src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json | $(ENVS)
 	$(call papermill,02_drafter_pretrain.ipynb,02_drafter_pretrain)
-$(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb src/qdflash/batch_generate.py src/qdflash/config.py src/qdflash/data.py src/qdflash/magpie.py src/qdflash/prompt_filter.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
-    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/losses.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
-    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
-    src/qdflash/speculative.py src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
+$(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb src/qdflash/batch_generate.py \
+    src/qdflash/config.py src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_grid.py \
+    src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/distributed.py src/qdflash/drafter.py \
+    src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/losses.py \
+    src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
+    src/qdflash/prompt_filter.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/speculative.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
     src/vllm_plugin/qdflash_vllm.py $(RUNS)/02_drafter_pretrain/metrics.json $(RUNS)/01_qad/metrics.json | $(ENVS)
 	$(call papermill,03_drafter_finetune.ipynb,03_drafter_finetune)
-$(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/batch_generate.py src/qdflash/config.py src/qdflash/data.py src/qdflash/magpie.py src/qdflash/prompt_filter.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
-    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/losses.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
-    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
-    src/qdflash/speculative.py src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
-    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
+$(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/batch_generate.py \
+    src/qdflash/config.py src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_grid.py \
+    src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/distributed.py src/qdflash/drafter.py \
+    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py \
+    src/qdflash/losses.py src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py \
+    src/qdflash/progress.py src/qdflash/prompt_filter.py src/qdflash/quant.py src/qdflash/runio.py \
+    src/qdflash/speculative.py src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/qdflash/walk.py \
+    src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
 	$(call papermill,04_drafter_quant.ipynb,04_drafter_quant)
-$(RUNS)/05_serving/metrics.json: notebooks/05_serving.ipynb src/qdflash/batch_generate.py src/qdflash/config.py src/qdflash/data.py src/qdflash/magpie.py src/qdflash/prompt_filter.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
-    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/losses.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/models.py \
-    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
-    src/qdflash/speculative.py src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
+$(RUNS)/05_serving/metrics.json: notebooks/05_serving.ipynb src/qdflash/batch_generate.py src/qdflash/config.py \
+    src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_grid.py src/qdflash/decode_stats.py \
+    src/qdflash/decode_steps.py src/qdflash/distributed.py src/qdflash/drafter.py src/qdflash/drafter_train.py \
+    src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/losses.py src/qdflash/magpie.py \
+    src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/prompt_filter.py \
+    src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py src/qdflash/speculative.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
     src/vllm_plugin/qdflash_vllm.py $(RUNS)/04_drafter_quant/metrics.json | $(ENVS)
 	$(call papermill,05_serving.ipynb,05_serving)
-$(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/batch_generate.py src/qdflash/config.py src/qdflash/data.py src/qdflash/magpie.py src/qdflash/prompt_filter.py src/qdflash/decode_grid.py src/qdflash/distributed.py src/qdflash/drafter.py \
-    src/qdflash/drafter_quant.py src/qdflash/drafter_train.py src/qdflash/losses.py src/qdflash/evaluation.py src/qdflash/fast_decode.py src/qdflash/features.py \
-    src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/qad.py src/qdflash/quality_tasks.py \
-    src/qdflash/quant.py src/qdflash/runio.py \
-    src/qdflash/serving.py src/qdflash/speculative.py src/qdflash/decode_stats.py src/qdflash/decode_steps.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
+$(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/batch_generate.py \
+    src/qdflash/config.py src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_stats.py \
+    src/qdflash/decode_steps.py src/qdflash/distributed.py src/qdflash/drafter.py src/qdflash/evaluation.py \
+    src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/magpie.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/prompt_filter.py src/qdflash/qad.py \
+    src/qdflash/quality_tasks.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/speculative.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
     src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
 	$(call papermill,06_evaluation.ipynb,06_evaluation)
-$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/bench_index.py src/qdflash/cards.py src/qdflash/config.py src/qdflash/figures.py src/qdflash/gpu_results.py src/qdflash/decode_stats.py \
-    src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/results.py \
-    src/qdflash/runio.py src/qdflash/scaling.py $(RUNS)/01_qad/metrics.json $(RUNS)/03_drafter_finetune/metrics.json \
-    $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json | $(ENVS)
+$(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/bench_index.py src/qdflash/cards.py \
+    src/qdflash/config.py src/qdflash/dag.py src/qdflash/decode_stats.py src/qdflash/figures.py \
+    src/qdflash/gpu_results.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
+    src/qdflash/results.py src/qdflash/runio.py src/qdflash/scaling.py $(RUNS)/01_qad/metrics.json \
+    $(RUNS)/03_drafter_finetune/metrics.json $(RUNS)/04_drafter_quant/metrics.json $(RUNS)/05_serving/metrics.json \
+    $(RUNS)/06_evaluation/metrics.json | $(ENVS)
 	$(call papermill,07_figures.ipynb,07_figures)
 
 stages: $(RUNS)/05_serving/metrics.json $(RUNS)/06_evaluation/metrics.json  ## every compute stage
 reproduce: $(RUNS)/07_figures/metrics.json  ## the whole DAG for PRESET (default smol), then figures/<preset>/
 	@cat $(RUNS)/stage_times.txt
+deps:  ## rewrite each stage rule's source prerequisites from the imports (tools/stage_deps.py)
+	python3 tools/stage_deps.py --write
 figures: | $(STAMP)  ## figures/tables (+ model cards, README block) from runs/$(PRESET), else results/$(PRESET); seconds
 	$(PY) -m qdflash.cli figures --preset $(PRESET) --readme
 results: | $(STAMP)  ## copy runs/$(PRESET)'s metrics/config/run.json + stage times (no weights/data) to results/$(PRESET)

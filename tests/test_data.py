@@ -119,10 +119,10 @@ def test_vllm_regeneration_gets_an_absolute_model_directory(tmp_path, monkeypatc
     """The vLLM worker runs in its own work directory, so a stage's relative model directory (``../runs/smol/...`` as
     the notebooks pass it) must reach it as an absolute path; a name that is not a directory passes unchanged."""
     import os
-    from qdflash import data, serving
+    from qdflash import data, vllm_jobs
     from qdflash.config import DataConfig, load_config
     seen = []
-    monkeypatch.setattr(serving, "run_job", lambda job, *a, **k: seen.append(job["target"]) or {"error": "stop\n"})
+    monkeypatch.setattr(vllm_jobs, "run_job", lambda job, *a, **k: seen.append(job["target"]) or {"error": "stop\n"})
     (tmp_path / "runs" / "twin").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "runs")
     cfg = load_config(DataConfig, "tiny", backend="vllm")
@@ -140,11 +140,11 @@ def test_vllm_regeneration_runs_on_every_core(tmp_path, monkeypatch, cores, bind
     "auto" reserves one core for its front end: half of this 2-core machine); a non-contiguous or single-core set
     keeps vLLM's default."""
     import os
-    from qdflash import data, serving
+    from qdflash import data, vllm_jobs
     from qdflash.config import DataConfig, load_config
     seen = []
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cores))
-    monkeypatch.setattr(serving, "run_job", lambda job, work, name, env, **k: seen.append(env) or {"error": "stop\n"})
+    monkeypatch.setattr(vllm_jobs, "run_job", lambda job, work, name, env, **k: seen.append(env) or {"error": "stop\n"})
     cfg = load_config(DataConfig, "tiny", backend="vllm")
     with pytest.raises(RuntimeError, match="vLLM regeneration failed"):
         data.regenerate_vllm("some-org/some-model", type("T", (), {"eos_token_id": 0})(),

@@ -410,7 +410,7 @@ def test_draft_vocabulary_batch_drops_labels_it_cannot_propose():
 
 def test_vllm_refuses_a_reduced_vocabulary_drafter(tmp_path, tiny_target):
     from qdflash.drafter import set_draft_vocab
-    from qdflash.serving import check_servable_drafter
+    from qdflash.vllm_jobs import check_servable_drafter
     target, tok = tiny_target
     d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id)
     save_drafter(d, tmp_path / "full")

@@ -167,7 +167,7 @@ def test_drafter_without_fc_quantized_loads_in_vllm(tiny32, tmp_path):
     from qdflash.drafter import new_drafter
     from qdflash.drafter_quant import collect_hessians, gptq_drafter, save_packed_drafter
     from qdflash.models import resolve_target
-    from qdflash.serving import run_job, vllm_python
+    from qdflash.vllm_jobs import run_job, vllm_python
     try:
         vllm_python()
     except FileNotFoundError as e:  # pragma: no cover - CI installs it (make setup-vllm)
@@ -187,7 +187,7 @@ def test_drafter_without_fc_quantized_loads_in_vllm(tiny32, tmp_path):
     # the same job twice around a plain one, all in one worker process with the engine in-process (stage 05's
     # run_jobs): each LLM starts after the one before is shut down, and each speculative job gives the separate
     # process's tokens and counters (none carried over from the first)
-    from qdflash.serving import run_jobs
+    from qdflash.vllm_jobs import run_jobs
     job = {"target": str(Path(resolve_target("tiny")).resolve()), "drafter": str(p.resolve()),
            "num_speculative_tokens": 3, "prompts": [prompt_ids(tok, "tell me about the moon")], "max_tokens": 8,
            "dtype": "bfloat16", "max_model_len": 256}

@@ -106,7 +106,7 @@ def test_vllm_acceptance_matches_the_reference_per_position(fixture, reference, 
     tokens as plain greedy. The windowed drafter is served twice: with the checkpoint's own window (vLLM reads
     ``use_swa``) and with the plugin's window override at W+1, which must reproduce the reference's drop there."""
     try:
-        from qdflash.serving import run_job, vllm_python
+        from qdflash.vllm_jobs import run_job, vllm_python
         vllm_python()
     except FileNotFoundError as e:  # pragma: no cover - CI installs it (make setup-vllm)
         pytest.skip(str(e))

@@ -9,110 +9,15 @@ level and lazy imports inside functions alike), plus modules named in strings (`
 New modules are picked up from the imports; nothing here lists them. The notebooks' own display imports
 (``qdflash.figures`` tables) are not stage sources: they do not change ``metrics.json``.
 """
-import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SRC = REPO / "src"
-PACKAGES = ("qdflash", "vllm_plugin")
-
-
-def _module_file(src: Path, dotted: str) -> list[Path]:
-    """Files executed by importing ``dotted`` (package __init__ files included); [] if not ours."""
-    parts = dotted.split(".")
-    if parts[0] not in PACKAGES:
-        return []
-    out = []
-    for i in range(1, len(parts) + 1):
-        base = src.joinpath(*parts[:i])
-        if (base / "__init__.py").exists():
-            out.append(base / "__init__.py")
-        elif base.with_suffix(".py").exists():
-            out.append(base.with_suffix(".py"))
-            break
-    return out
-
-
-def _imports(node, module: str) -> list[str]:
-    """Dotted names an Import/ImportFrom node in ``module`` (``pkg.__init__`` for a package) brings in."""
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names]
-    if isinstance(node, ast.ImportFrom):
-        base = node.module or ""
-        if node.level:
-            base = ".".join(module.split(".")[:-node.level] + ([base] if base else []))
-        return [base] + [f"{base}.{a.name}" for a in node.names]    # `from . import x` imports module x
-    return []
-
-
-def _strings(tree) -> list[str]:
-    pat = re.compile(r"\b(" + "|".join(PACKAGES) + r")((?:\.\w+)+)")
-    return [m.group(1) + m.group(2) for n in ast.walk(tree) if isinstance(n, ast.Constant)
-            and isinstance(n.value, str) for m in pat.finditer(n.value)]
-
-
-def _stage_test(test) -> str | None:
-    """'X' for a test ``stage == "X"``."""
-    if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "stage"
-            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
-            and isinstance(test.comparators[0], ast.Constant)):
-        return test.comparators[0].value
-    return None
-
-
-def _reachable_nodes(stmts, stage: str):
-    """Statements of ``stmts`` (recursively) that run for ``stage``, honouring ``if stage == "X": ... return``."""
-    for st in stmts:
-        x = _stage_test(st.test) if isinstance(st, ast.If) else None
-        if x is not None:
-            if x == stage:
-                yield from _reachable_nodes(st.body, stage)
-                if st.body and isinstance(st.body[-1], (ast.Return, ast.Raise)):
-                    return                                          # nothing after this branch runs for stage
-            else:
-                yield from _reachable_nodes(st.orelse, stage)
-            continue
-        yield st
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            sub = getattr(st, field, None)
-            if isinstance(sub, list) and sub and isinstance(sub[0], (ast.stmt, ast.excepthandler)):
-                yield from _reachable_nodes(sub, stage)
-
-
-def stage_sources(stage: str, src: Path = SRC, entry: str = "qdflash.pipeline") -> set[Path]:
-    """Every source file ``run_stage(stage)`` can execute (see the module docstring)."""
-    entry_file = _module_file(src, entry)[-1]
-    tree = ast.parse(entry_file.read_text())
-    seen = set(_module_file(src, entry))
-    todo = []
-    for node in _reachable_nodes(tree.body, stage):
-        todo += _imports(node, entry)
-        if not isinstance(node, (ast.FunctionDef, ast.If)):
-            todo += _strings(node)
-    while todo:
-        name = todo.pop()
-        for f in _module_file(src, name):
-            if f in seen:
-                continue
-            seen.add(f)
-            module = ".".join(f.relative_to(src).with_suffix("").parts)
-            t = ast.parse(f.read_text())
-            todo += [d for n in ast.walk(t) for d in _imports(n, module)] + _strings(t)
-    return seen
-
-
-def makefile_prereqs(makefile: Path = REPO / "Makefile") -> dict[str, list[str]]:
-    """Normal (not order-only) prerequisites of every ``$(RUNS)/<stage>/metrics.json`` target."""
-    text = makefile.read_text().replace("\\\n", " ")
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^\$\(RUNS\)/(\w+)/metrics\.json\s*:(?!=)(.*)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).split("|")[0].split()
-    return out
+sys.path.insert(0, str(REPO / "tools"))
+from stage_deps import SRC, makefile_prereqs, rewrite_makefile, stage_sources  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- the analyser
@@ -251,3 +156,31 @@ def test_cuda_locks_are_cuda_builds_with_the_cpu_lock_pins():
     # the main environment is the same on both: every CPU pin but torch and the CPU-only OpenMP runtime
     differ = {n for n in cpu if n != "torch" and not n.startswith("intel-") and cuda.get(n) != cpu[n]}
     assert not differ, sorted(differ)
+
+
+# ----------------------------------------------------------------------------------------------- generated rules
+def test_the_makefile_stage_rules_are_the_generated_ones():
+    """Every stage rule's sources are exactly what tools/stage_deps.py finds from the imports (`make deps`)."""
+    assert rewrite_makefile() == (REPO / "Makefile").read_text(), "stage prerequisites are stale: run `make deps`"
+
+
+def test_the_rewriter_replaces_sources_and_keeps_notebook_upstream_and_order_only(tmp_path):
+    src = tmp_path / "src"
+    (src / "qdflash").mkdir(parents=True)
+    (src / "qdflash" / "pipeline.py").write_text("def run_stage(stage):\n    from .a import x\n")
+    (src / "qdflash" / "a.py").write_text("")
+    mk = tmp_path / "Makefile"
+    mk.write_text("x:\n$(RUNS)/01_y/metrics.json: notebooks/01_y.ipynb src/qdflash/gone.py \\\n"
+                  "    $(RUNS)/00_x/metrics.json | $(ENVS)\n\t$(call papermill,y)\n")
+    out = rewrite_makefile(mk, src).replace(" \\\n    ", " ")
+    assert out.splitlines()[1] == ("$(RUNS)/01_y/metrics.json: notebooks/01_y.ipynb src/qdflash/a.py "
+                                   "src/qdflash/pipeline.py $(RUNS)/00_x/metrics.json | $(ENVS)")
+    assert out.splitlines()[2] == "\t$(call papermill,y)"
+
+
+def test_the_decoder_is_not_a_source_of_data_prep_or_qad():
+    """Editing the speculative decoder reruns the stages that decode (02 on), not data preparation or QAD."""
+    for stage in ("00_data", "01_qad"):
+        names = {p.name for p in stage_sources(stage)}
+        assert not names & {"speculative.py", "fast_decode.py", "walk.py", "decode_grid.py"}, stage
+    assert "speculative.py" in {p.name for p in stage_sources("03_drafter_finetune")}

@@ -229,7 +229,7 @@ def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
     assert all(v["mismatched_outputs"] == 0 for k, v in dq.metrics["table"].items() if not k.startswith("plain"))
 
     # 05: the stage's own vLLM job on the packed hybrid target fails at model inspection (see the note above)
-    from qdflash.serving import run_job, vllm_python
+    from qdflash.vllm_jobs import run_job, vllm_python
     try:
         vllm_python()
     except FileNotFoundError as e:

@@ -53,7 +53,7 @@ def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch,
     import json
     import subprocess
 
-    from qdflash import serving
+    from qdflash import vllm_jobs
     calls = []
 
     def fake_run_job(job, work, name, env=None, timeout=None, **kw):
@@ -67,8 +67,8 @@ def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch,
             return {}
         return {"tokens": [[job["x"]]]}
 
-    monkeypatch.setattr(serving, "run_job", fake_run_job)
-    got = serving.run_jobs({"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}, tmp_path, "off", {"K": "v"},
+    monkeypatch.setattr(vllm_jobs, "run_job", fake_run_job)
+    got = vllm_jobs.run_jobs({"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}, tmp_path, "off", {"K": "v"},
                            timeout_per_job=10)
     assert got == {"a": {"tokens": [[1]], "engine": "in-process"}, "b": {"tokens": [[2]], "engine": "own process"},
                    "c": {"tokens": [[3]], "engine": "own process"}}

@@ -8,7 +8,7 @@ from qdflash.runio import read_json
 
 pytestmark = [pytest.mark.slow]                    # each test starts the vLLM venv's Python (8-20 s on 2 cores)
 try:
-    from qdflash.serving import vllm_env, vllm_python
+    from qdflash.vllm_jobs import vllm_env, vllm_python
     VPY = vllm_python()
 except FileNotFoundError as e:  # pragma: no cover - CI installs it (make setup-vllm)
     pytestmark.append(pytest.mark.skip(reason=str(e)))

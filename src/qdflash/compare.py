@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .pipeline import STAGES
+from .dag import STAGES
 
 # (pattern on "stage:dotted.path", kind, tolerance, why)
 TOLERANCES: list[tuple[str, str, float | None, str]] = [

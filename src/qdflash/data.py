@@ -373,7 +373,7 @@ def _resume(items: list[dict], partial: Path) -> tuple[dict, list[dict]]:
 def regenerate_vllm(target_dir: str, tok, items: list[dict], cfg: DataConfig, partial: Path) -> tuple[list[dict], dict]:
     """Regenerate with vLLM's batched offline API in its own venv (``.venv-vllm``; the paper's data generator is a
     vLLM server too). Resumable through ``partial``; the worker streams progress lines to the log and stdout."""
-    from .serving import all_cores_env, run_job
+    from .vllm_jobs import all_cores_env, run_job
     done, todo = _resume(items, partial)
     info: dict = {"backend": "vllm", "resumed": len(done)}
     if todo:

@@ -156,3 +156,9 @@ def results_to_json(results: list[GenResult]) -> list[dict]:
 
 def results_from_json(rows: list[dict]) -> list[GenResult]:
     return [GenResult(**r) for r in rows]
+
+
+def ci_text(st: dict, key: str = "tau_ci95") -> str:
+    """A saved interval ``st[key]`` as "lo–hi" (3 decimals), or "" where the stats have none."""
+    ci = st.get(key)
+    return f"{ci[0]:.3f}–{ci[1]:.3f}" if isinstance(ci, list) and len(ci) == 2 else ""

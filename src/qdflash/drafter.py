@@ -94,7 +94,7 @@ def resolve_window(drafter, window: int | None) -> int | None:
     return window
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
 
@@ -118,11 +118,11 @@ class DFlashAttention(Qwen3Attention):
         q = self.q_norm(self.q_proj(x).view(b, q_len, -1, d)).transpose(1, 2)
         kx = self.k_norm(self.k_proj(x).view(b, q_len, -1, d)).transpose(1, 2)
         vx = self.v_proj(x).view(b, q_len, -1, d).transpose(1, 2)
-        q, kx = _rope(q, *pe_q), _rope(kx, *pe_q)
+        q, kx = apply_rope(q, *pe_q), apply_rope(kx, *pe_q)
         ks, vs = [], []
         if ctx is not None and ctx.shape[1] > 0:
             c = ctx.shape[1]
-            kc = _rope(self.k_norm(self.k_proj(ctx).view(b, c, -1, d)).transpose(1, 2), *pe_c)
+            kc = apply_rope(self.k_norm(self.k_proj(ctx).view(b, c, -1, d)).transpose(1, 2), *pe_c)
             vc = self.v_proj(ctx).view(b, c, -1, d).transpose(1, 2)
             if cache is not None:
                 i = self.layer_idx
@@ -360,6 +360,29 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlash
     if "DFlashDraftModel" not in (cfg.get("architectures") or []) or "dflash_config" not in cfg:
         raise ValueError(f"{path} is not a DFlash drafter (architectures={cfg.get('architectures')})")
     if cfg.get("quantization_config"):
-        from .drafter_quant import load_quantized_drafter
         return load_quantized_drafter(path, dtype)
     return DFlashDraftModel.from_pretrained(path, dtype=dtype).eval()
+
+
+def load_quantized_drafter(path: str | Path, dtype=torch.float32) -> DFlashDraftModel:
+    """Load a pack-quantized drafter and de-quantize it to dense weights (the reference decoder's view)."""
+    from .quant import dequantize, read_grid
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    cfg.pop("quantization_config")
+    from transformers import Qwen3Config
+    conf = Qwen3Config.from_dict(cfg)
+    for k in ("block_size", "dflash_config", "num_target_layers", "target_hidden_size"):
+        if k in cfg:
+            setattr(conf, k, cfg[k])
+    model = DFlashDraftModel(conf)
+    from .quant import load_state
+    state = load_state(path)
+    ints, scales, group, _ = read_grid(path)
+    dense = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("weight_")}
+    for name, q in ints.items():
+        dense[name + ".weight"] = dequantize(q.float(), scales[name], group)
+    missing, unexpected = model.load_state_dict(dense, strict=False)
+    if unexpected or [m for m in missing if "rotary" not in m]:
+        raise ValueError(f"drafter checkpoint {path} does not match its config: missing={missing} "
+                         f"unexpected={unexpected}")
+    return model.to(dtype).eval()

@@ -203,30 +203,6 @@ def save_packed_drafter(drafter: DFlashDraftModel, scales: dict[str, torch.Tenso
     return out_dir
 
 
-def load_quantized_drafter(path: str | Path, dtype=torch.float32) -> DFlashDraftModel:
-    """Load a pack-quantized drafter and de-quantize it to dense weights (the reference decoder's view)."""
-    from .quant import dequantize, read_grid
-    cfg = json.loads((Path(path) / "config.json").read_text())
-    cfg.pop("quantization_config")
-    from transformers import Qwen3Config
-    conf = Qwen3Config.from_dict(cfg)
-    for k in ("block_size", "dflash_config", "num_target_layers", "target_hidden_size"):
-        if k in cfg:
-            setattr(conf, k, cfg[k])
-    model = DFlashDraftModel(conf)
-    from .quant import load_state
-    state = load_state(path)
-    ints, scales, group, _ = read_grid(path)
-    dense = {k: v for k, v in state.items() if not k.rsplit(".", 1)[-1].startswith("weight_")}
-    for name, q in ints.items():
-        dense[name + ".weight"] = dequantize(q.float(), scales[name], group)
-    missing, unexpected = model.load_state_dict(dense, strict=False)
-    if unexpected or [m for m in missing if "rotary" not in m]:
-        raise ValueError(f"drafter checkpoint {path} does not match its config: missing={missing} "
-                         f"unexpected={unexpected}")
-    return model.to(dtype).eval()
-
-
 def rtn_w8_drafter(src: str | Path, group: int, out_dir: str | Path) -> Path:
     """W8A16 RTN with llmcompressor (QuantizationModifier, no calibration), saved pack-quantized."""
     from llmcompressor import oneshot

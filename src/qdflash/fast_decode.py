@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, StaticLayer
 from transformers.models.qwen3.modeling_qwen3 import repeat_kv
 
-from .drafter import DFlashDraftModel, _rope, draft_tokens, in_window, resolve_window
+from .drafter import DFlashDraftModel, apply_rope, draft_tokens, in_window, resolve_window
 from .decode_stats import GenResult
 from .decode_steps import accept_drafts, emit_tokens, sample_tokens, sync
 
@@ -187,7 +187,7 @@ class FastDecoder:
         cos, sin = d.rotary_emb(ctx, cpos[None])
         for i, layer in enumerate(d.layers):
             a = layer.self_attn
-            k = _rope(a.k_norm(a.k_proj(ctx).view(1, n, -1, a.head_dim)).transpose(1, 2), cos, sin)
+            k = apply_rope(a.k_norm(a.k_proj(ctx).view(1, n, -1, a.head_dim)).transpose(1, 2), cos, sin)
             v = a.v_proj(ctx).view(1, n, -1, a.head_dim).transpose(1, 2)
             self.dk[i].index_copy_(2, cpos, k)
             self.dv[i].index_copy_(2, cpos, v)
@@ -208,8 +208,8 @@ class FastDecoder:
         for i, layer in enumerate(d.layers):
             a = layer.self_attn
             x = layer.input_layernorm(h)
-            q = _rope(a.q_norm(a.q_proj(x).view(1, B, -1, a.head_dim)).transpose(1, 2), cos, sin)
-            self.dk[i][:, :, C:] = _rope(a.k_norm(a.k_proj(x).view(1, B, -1, a.head_dim)).transpose(1, 2), cos, sin)
+            q = apply_rope(a.q_norm(a.q_proj(x).view(1, B, -1, a.head_dim)).transpose(1, 2), cos, sin)
+            self.dk[i][:, :, C:] = apply_rope(a.k_norm(a.k_proj(x).view(1, B, -1, a.head_dim)).transpose(1, 2), cos, sin)
             self.dv[i][:, :, C:] = a.v_proj(x).view(1, B, -1, a.head_dim).transpose(1, 2)
             k, v = repeat_kv(self.dk[i], a.num_key_value_groups), repeat_kv(self.dv[i], a.num_key_value_groups)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=a.scaling)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .config import FiguresConfig
+from .decode_stats import ci_text
 from .runio import REPO_ROOT, atomic_write_text, finish_run, read_json, start_run
 
 
@@ -29,11 +30,6 @@ def _m(d) -> dict:
     return read_json(Path(d) / "metrics.json")
 
 
-def _ci(st: dict, key: str = "tau_ci95") -> str:
-    ci = st.get(key)
-    return f"{ci[0]:.3f}–{ci[1]:.3f}" if isinstance(ci, list) and len(ci) == 2 else ""
-
-
 # ----------------------------------------------------------------------------------------------- tables
 def qad_table(qad_dir) -> pd.DataFrame:
     m = _m(qad_dir)
@@ -41,7 +37,7 @@ def qad_table(qad_dir) -> pd.DataFrame:
     rows = [{"model": {"teacher": "FP teacher", "rtn": "RTN W4A16", "gptq": "GPTQ W4A16",
                        "qad": "QAD W4A16"}[k], "KL to teacher": v["kl_to_teacher"], "top-1 agreement": v["top1_agreement"],
              "PPL (assistant)": v["ppl_assistant"], "size MB": v["file_mb"],
-             "KL / GPTQ (95% CI, conversations)": (f"{ci['ratio']:.3f} ({_ci(ci, 'ratio_ci95')})"
+             "KL / GPTQ (95% CI, conversations)": (f"{ci['ratio']:.3f} ({ci_text(ci, 'ratio_ci95')})"
                                                    if k == "qad" and ci else "")} for k, v in ev.items()]
     return pd.DataFrame(rows).set_index("model")
 
@@ -59,7 +55,7 @@ def qad_sweep_table(paths) -> pd.DataFrame:
                          "tokens": v["tokens"], "KL": v["eval"]["kl_to_teacher"],
                          "GPTQ KL": r["gptq"]["kl_to_teacher"],
                          "KL / GPTQ (95% CI)": f"{v['kl_ratio_vs_gptq']['ratio']:.3f} "
-                                               f"({_ci(v['kl_ratio_vs_gptq'], 'ratio_ci95')})",
+                                               f"({ci_text(v['kl_ratio_vs_gptq'], 'ratio_ci95')})",
                          "codes changed %": 100 * v["summary"]["codes_changed_final"],
                          "kept step": v["summary"]["best_step"], "device": r["device"].split(":")[0]})
     return pd.DataFrame(rows).set_index(["params", "recipe"])
@@ -106,7 +102,7 @@ def decoding_table(ft_dir, metrics: dict | None = None) -> pd.DataFrame:
     for tgt, res in grid.items():
         for name, st in res.items():
             row = {"target": {"fp": "FP32", "qad": "QAD W4A16"}[tgt], "drafter": name, "tau": st["tau"],
-                   "tau 95% CI (prompts)": _ci(st), "measured by": st.get("measured_by", "decoder"),
+                   "tau 95% CI (prompts)": ci_text(st), "measured by": st.get("measured_by", "decoder"),
                    "tokens/s": st.get("tokens_per_s"), "speedup": st.get("speedup", 1.0 if name == "plain" else None),
                    "drafter share": st.get("drafter_share", 0.0), "greedy mismatches": st.get("mismatched_outputs"),
                    "steps": st["steps"]}
@@ -131,7 +127,7 @@ def drafter_quant_table(dq_dir) -> pd.DataFrame:
             continue
         prec, _, swa = name.partition("-swa")
         row = {"drafter": prec, "SWA": f"{swa}" if swa else "off", "mean acceptance length": st["tau"],
-               "tau 95% CI (prompts)": _ci(st), "per-token accept rate": st["accept_rate"],
+               "tau 95% CI (prompts)": ci_text(st), "per-token accept rate": st["accept_rate"],
                "measured by": st.get("measured_by", "decoder"), "drafter ms/step": _ms_step(st),
                "tokens/s": st.get("tokens_per_s"), "speedup": st.get("speedup"), "draft steps": st["steps"],
                "disk MB": m["disk_bytes"][prec] / 2**20}
@@ -144,7 +140,7 @@ def serving_table(serve_dir) -> pd.DataFrame:
     m = _m(serve_dir)
     rows = []
     for k, r in m["offline"].items():
-        row = {"config": k, "tau (vLLM)": r.get("tau"), "tau 95% CI (prompts)": _ci(r),
+        row = {"config": k, "tau (vLLM)": r.get("tau"), "tau 95% CI (prompts)": ci_text(r),
                "tau (reference)": m["reference_tau"].get(k),
                "output tok/s": r.get("output_tokens_per_s"), "speedup": r.get("speedup_vs_plain"),
                "greedy mismatches": r.get("greedy_mismatches_vs_plain"), "error": (r.get("error") or "")[:80]}
@@ -166,8 +162,8 @@ def gate_table(eval_dir) -> pd.DataFrame:
             if task == "quality":               # quality_table
                 continue
             row[task] = v["score"]
-            if _ci(v, "score_ci95"):
-                row[f"{task} 95% CI"] = _ci(v, "score_ci95")
+            if ci_text(v, "score_ci95"):
+                row[f"{task} 95% CI"] = ci_text(v, "score_ci95")
             row[f"{task} pass"] = v["pass"]
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
@@ -189,9 +185,9 @@ def quality_table(eval_dir) -> pd.DataFrame:
         for task, v in (res.get("quality") or {}).items():
             rel = q.get("vs_teacher", {}).get(model, {}).get(task, {})
             rows.append({"task": task, "model": model, "items": v["items"], "chance": q.get("chance", {}).get(task),
-                         "acc": v["score"], "acc 95% CI": _ci(v, "score_ci95"),
+                         "acc": v["score"], "acc 95% CI": ci_text(v, "score_ci95"),
                          "x teacher": rel.get("fraction_of_teacher", 1.0 if model == "teacher" else None),
-                         "x teacher 95% CI": _ci(rel, "fraction_ci95"),
+                         "x teacher 95% CI": ci_text(rel, "fraction_ci95"),
                          "above chance x teacher": rel.get("above_chance_fraction", _above(m, model, task))})
     return pd.DataFrame(rows).set_index(["task", "model"]) if rows else pd.DataFrame()
 

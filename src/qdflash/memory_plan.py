@@ -54,7 +54,7 @@ def _layer_act_bytes(layer: nn.Module, cfg) -> float:
 def qad_plan(cfg, world: int) -> dict[str, Any]:
     """GiB per GPU of ``train_qad`` on ``world`` GPUs, one micro-batch of ``cfg.micro_batch_size`` rows (0: the
     batch over the GPUs)."""
-    from .dryrun import target_config
+    from .models import target_config
     from .quant import module_matches
     tcfg, source = target_config(cfg.target)
     model = _meta_model(tcfg)
@@ -97,7 +97,7 @@ def qad_plan(cfg, world: int) -> dict[str, Any]:
 def drafter_plan(cfg, world: int, target: str) -> dict[str, Any]:
     """GiB per GPU of ``train_drafter`` on ``world`` GPUs against ``target`` (the data stage's target)."""
     from .drafter import DFlashDraftModel, build_drafter_config
-    from .dryrun import target_config
+    from .models import target_config
     tcfg, source = target_config(target)
     n_target = sum(p.numel() for p in _meta_model(tcfg).parameters())
     dcfg = build_drafter_config(tcfg, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, cfg.mask_token_id or 0,

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 from .runio import cache_dir
 
@@ -252,3 +253,36 @@ def mask_token_id(tok, explicit: int | None = None) -> int:
     if tok.mask_token_id is None:
         raise ValueError("the tokenizer defines no mask token; set DrafterConfig.mask_token_id to a reserved row")
     return int(tok.mask_token_id)
+
+
+def hub_file(repo: str, name: str) -> str | None:
+    """A file of a hub repository if it is already in the local Hugging Face cache (never downloads)."""
+    from huggingface_hub import try_to_load_from_cache
+    p = try_to_load_from_cache(repo, name)
+    return p if isinstance(p, str) else None
+
+
+def locate_target(spec: str) -> dict[str, Any]:
+    """Where a target spec resolves, without building or downloading it."""
+    if spec in OFFLINE_TARGETS:
+        d = cache_dir() / OFFLINE_TARGETS[spec][0]
+        return {"kind": "offline preset", "path": str(d), "built": (d / "config.json").exists()}
+    if Path(spec).exists():
+        return {"kind": "local directory", "path": str(Path(spec).resolve()), "built": True}
+    cfg = hub_file(spec, "config.json")
+    return {"kind": "hub", "repo": spec, "cached": cfg is not None,
+            "path": str(Path(cfg).parent) if cfg else None, "built": cfg is not None}
+
+
+def target_config(spec: str) -> tuple[Any, str]:
+    """(text config, where it came from) for a target, or (None, reason) when it cannot be had offline."""
+    from transformers import AutoConfig
+    loc = locate_target(spec)
+    if loc["built"]:
+        cfg = AutoConfig.from_pretrained(loc["path"], local_files_only=True)
+        return getattr(cfg, "text_config", None) or cfg, loc["path"]
+    if spec == "Qwen/Qwen3.5-4B":
+        from transformers import Qwen3_5TextConfig
+
+        return Qwen3_5TextConfig(**QWEN35_4B), "models.QWEN35_4B (the published config; hub copy not cached)"
+    return None, f"{spec} is not built/cached yet (the first real run makes it)"

@@ -14,20 +14,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from .dag import STAGES, UPSTREAM, StageError  # noqa: F401  (the stage names live in dag)
 from .runio import runs_dir
-
-STAGES = ["00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant", "05_serving",
-          "06_evaluation", "07_figures"]
-UPSTREAM = {"00_data": (), "01_qad": ("00_data",), "02_drafter_pretrain": ("00_data",),
-            "03_drafter_finetune": ("00_data", "02_drafter_pretrain", "01_qad"),
-            "04_drafter_quant": ("00_data", "01_qad", "03_drafter_finetune"),
-            "05_serving": ("00_data", "01_qad", "03_drafter_finetune", "04_drafter_quant"),
-            "06_evaluation": ("00_data", "01_qad", "03_drafter_finetune"), "07_figures": ()}
-
-
-class StageError(RuntimeError):
-    """Bad input to a stage (unknown stage, missing upstream, corrupt checkpoint, run dir of another config)."""
-
 
 def stage_dir(preset: str, stage: str, runs: str | Path | None = None) -> Path:
     if stage not in STAGES:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import bench_index
 from .bench_index import rel
-from .pipeline import STAGES, StageError
+from .dag import STAGES, StageError
 from .runio import REPO_ROOT, atomic_write_text, read_json, runs_dir
 
 RESULT_FILES = ("metrics.json", "config.json", "run.json")

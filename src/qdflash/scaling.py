@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import bench_index
-from .figures import _ci
+from .decode_stats import ci_text
 from .runio import read_json
 
 GPU_RUN = bench_index.folder("smol-gpu-h200")
@@ -20,7 +20,7 @@ def scaling_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
     s = read_json(Path(run_dir) / "scaling.json")
     rows = [{"conversations": p["conversations"], "epochs": p["epochs"], "steps": p["steps"],
              "train s": p["train_s"], "response tokens": p["response_tokens"], "tau estimate": p["tau_est"],
-             "95% CI": _ci(p, "tau_est_ci95"), "r1": p["per_position"][0]} for p in s["points"]]
+             "95% CI": ci_text(p, "tau_est_ci95"), "r1": p["per_position"][0]} for p in s["points"]]
     return pd.DataFrame(rows).sort_values(["epochs", "conversations"]).set_index(["conversations", "epochs"])
 
 
@@ -34,11 +34,11 @@ def decode_table(run_dir: Path = GPU_RUN) -> pd.DataFrame:
         if name == "plain":
             continue
         rows.append({"target": "FP target (fp32 decode)", "drafter": name, "prompts": fp["prompts"],
-                     "tau": st["tau"], "95% CI": _ci(st), "speedup (eager, batch 1)": st.get("speedup"),
+                     "tau": st["tau"], "95% CI": ci_text(st), "speedup (eager, batch 1)": st.get("speedup"),
                      "mismatches": st.get("mismatched_outputs")})
     q = read_json(run_dir / "eval-qad-twostage.json")
     rows.append({"target": "QAD target (its dense twin, fp32 decode)", "drafter": q["drafter"], "prompts": q["prompts"],
-                 "tau": q["stats"]["tau"], "95% CI": _ci(q["stats"]),
+                 "tau": q["stats"]["tau"], "95% CI": ci_text(q["stats"]),
                  "speedup (eager, batch 1)": None, "mismatches": None})
     return pd.DataFrame(rows).set_index(["target", "drafter"])
 
