@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="DrafterQuantConfig override key=value (JSON value)")
     a = ap.parse_args()
     from qdflash.config import DrafterQuantConfig, load_config
-    from qdflash.drafter_quant import run_drafter_quant
+    from qdflash.stages.s04_drafter_quant import run_drafter_quant
     from qdflash.runio import write_json
     over = {}
     for kv in a.set:

@@ -185,7 +185,8 @@ def test_results_collect_compare_and_figures_from_results(tiny_pipeline, tmp_pat
     from qdflash import results
     from qdflash.compare import compare
     from qdflash.config import FiguresConfig, load_config
-    from qdflash.figures import run_figures, tables_markdown
+    from qdflash.figures import tables_markdown
+    from qdflash.stages.s07_figures import run_figures
     runs = tiny_pipeline["runs"]
     out = tmp_path / "results" / "tiny"
     files = results.collect("tiny", runs, out)

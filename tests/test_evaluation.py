@@ -65,13 +65,13 @@ def test_max_gen_toks_overrides_the_tasks_and_items_are_logged(tmp_path):
     cap (our decoder then stops there); the logged samples give one score per item."""
     import torch
 
-    from qdflash.evaluation import _evaluate, _spec_lm_class, ensure_punkt_tab, write_local_tasks
+    from qdflash.evaluation import _evaluate, spec_lm_class, ensure_punkt_tab, write_local_tasks
     from qdflash.models import resolve_target
     ensure_punkt_tab()
     cfg16 = load_config(EvalConfig, "tiny", n_mc=2, n_ifeval=2, n_gpqa=2, max_gen_toks=16)
     cfg3 = load_config(EvalConfig, "tiny", n_mc=2, n_ifeval=2, n_gpqa=2, max_gen_toks=3)
     tasks = write_local_tasks(tmp_path / "tasks", cfg16)
-    lm = _spec_lm_class()(resolve_target("tiny"), None, 999, "bfloat16")
+    lm = spec_lm_class()(resolve_target("tiny"), None, 999, "bfloat16")
     assert lm.model.dtype == torch.bfloat16
     results, n, samples = _evaluate(lm, tasks, tmp_path / "tasks", cfg3)
     assert len(lm.results) == 6 and all(len(r.tokens) <= 3 for r in lm.results)

@@ -11,22 +11,31 @@ ORCHESTRATION = {"pipeline", "cli", "dryrun", "bench"}
 
 
 def import_graph(pkg: Path = PKG) -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
-    """{module: modules of the package it imports}, and (module, from, name) for every private name imported."""
-    mods = {p.stem for p in pkg.glob("*.py")}
+    """{module: modules of the package it imports} (dotted below the package: ``stages.s00_data``), and
+    (module, from, name) for every private name imported from another module."""
+    files = {".".join(p.relative_to(pkg).with_suffix("").parts): p for p in pkg.rglob("*.py")}
+    files = {k.removesuffix(".__init__"): v for k, v in files.items()}
     edges, private = {}, []
-    for p in pkg.glob("*.py"):
+    for mod, p in files.items():
+        package = mod.split(".")[:-1] if not p.name == "__init__.py" else mod.split(".")
         out = set()
         for n in ast.walk(ast.parse(p.read_text())):
-            if isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or "").startswith("qdflash")):
-                mod = (n.module or "").removeprefix("qdflash").lstrip(".")
-                if mod:
-                    out.add(mod.split(".")[0])
-                    private += [(p.stem, mod, a.name) for a in n.names if a.name.startswith("_")]
+            targets = []
+            if isinstance(n, ast.ImportFrom):
+                if n.level:
+                    base = package[: len(package) - (n.level - 1)] + ((n.module or "").split(".") if n.module else [])
+                elif (n.module or "").split(".")[0] == "qdflash":
+                    base = n.module.split(".")[1:]
                 else:
-                    out |= {a.name for a in n.names}
+                    continue
+                base = ".".join(b for b in base if b)
+                targets = [base] if base in files else []
+                targets += [f"{base}.{a.name}".lstrip(".") for a in n.names if f"{base}.{a.name}".lstrip(".") in files]
+                private += [(mod, base, a.name) for a in n.names if a.name.startswith("_")]
             elif isinstance(n, ast.Import):
-                out |= {a.name.split(".")[1] for a in n.names if a.name.startswith("qdflash.")}
-        edges[p.stem] = (out & mods) - {p.stem}
+                targets = [a.name.removeprefix("qdflash.") for a in n.names if a.name.startswith("qdflash.")]
+            out |= {t for t in targets if t in files}
+        edges[mod] = out - {mod}
     return edges, private
 
 
@@ -73,9 +82,22 @@ def test_no_private_names_across_modules():
 
 def test_the_library_imports_no_report_or_orchestration_code():
     edges, _ = import_graph()
-    library = set(edges) - REPORT - ORCHESTRATION - {"__init__", "__main__"}
-    bad = {m: sorted(edges[m] & (REPORT | ORCHESTRATION)) for m in library if edges[m] & (REPORT | ORCHESTRATION)}
+    upper = REPORT | ORCHESTRATION | {m for m in edges if m.split(".")[0] == "stages"}
+    library = set(edges) - upper - {"", "__main__"}
+    bad = {m: sorted(edges[m] & upper) for m in library if edges[m] & upper}
     assert bad == {}
+
+
+def test_stage_modules_alone_open_and_close_run_directories():
+    """Only the stage modules (and the figures stage's report side, none) call runio.start_run / finish_run."""
+    callers = set()
+    for p in PKG.rglob("*.py"):
+        t = ast.parse(p.read_text())
+        if any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) in
+               ("start_run", "finish_run") for n in ast.walk(t)):
+            callers.add(".".join(p.relative_to(PKG).with_suffix("").parts))
+    assert callers and all(c.startswith("stages.s0") for c in callers), sorted(callers)
+    assert len(callers) == 8
 
 
 def test_report_code_imports_no_orchestration():

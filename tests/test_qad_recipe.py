@@ -11,14 +11,14 @@ from qdflash.models import resolve_target
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
-    from qdflash.data import run_data
+    from qdflash.stages.s00_data import run_data
     out = tmp_path_factory.mktemp("qad") / "00_data"
     run_data(load_config(DataConfig, "tiny"), out, progress=False)
     return out
 
 
 def test_qad_run_changes_codes_and_beats_its_ptq_start(tiny_data):
-    from qdflash.qad import run_qad
+    from qdflash.stages.s01_qad import run_qad
     cfg = load_config(QADConfig, "tiny")
     m = run_qad(cfg, tiny_data.parent / "01_qad", tiny_data, progress=False).metrics
     tr = m["qad_training"]

@@ -5,7 +5,8 @@
   qdflash results --preset P                                        runs/P -> results/P (metrics, configs, times)
   qdflash figures --preset P                                        figures/P from runs/P, else from results/P
   qdflash compare --preset P                                        which metrics of runs/P moved vs results/P
-  qdflash readme [--preset P] [--check]                             regenerate (or check) the README results block
+  qdflash readme [--preset P] [--check]                             regenerate (or check) the README headline block
+                                                                    and docs/results-P.md
   qdflash cards --preset P                                          model cards for every checkpoint of runs/P
 
 Bad input (unknown preset or stage, missing upstream stage, corrupt checkpoint, missing package, a run directory
@@ -45,13 +46,14 @@ def _parser() -> argparse.ArgumentParser:
     res.add_argument("--out", default=None, help="default results/<preset>")
     fig = sub.add_parser("figures", help="regenerate figures/tables (+ model cards) from runs/P, else results/P")
     fig.add_argument("--fig-dir", default=None, help="default figures/<preset>")
-    fig.add_argument("--readme", action="store_true", help="also regenerate the README block when it shows P")
+    fig.add_argument("--readme", action="store_true",
+                     help="also regenerate the README block and docs/results-P.md when the README shows P")
     cmp_ = sub.add_parser("compare", help="diff runs/P against results/P with per-metric tolerances")
     cmp_.add_argument("--results", default=None, help="default results/<preset>")
     cmp_.add_argument("--all", action="store_true", help="list every metric, not only those that moved")
     cmp_.add_argument("--tolerances", action="store_true", help="print the tolerance table and exit")
-    rd = sub.add_parser("readme", help="regenerate the README results block from results/P")
-    rd.add_argument("--check", action="store_true", help="exit 1 if the block differs, write nothing")
+    rd = sub.add_parser("readme", help="regenerate the README results block and docs/results-P.md from results/P")
+    rd.add_argument("--check", action="store_true", help="exit 1 if either differs, write nothing")
     sub.add_parser("cards", help="write README.md + recipe.yaml into every checkpoint of runs/P")
     for p in (r, res, fig, cmp_, rd, sub.choices["cards"]):
         p.add_argument("--preset", default=None if p is rd else "smol",
@@ -100,7 +102,7 @@ def _dispatch(a, ap) -> int:
         return 0
     if a.cmd == "figures":
         from .config import FiguresConfig, load_config
-        from .figures import run_figures
+        from .stages.s07_figures import run_figures
         from .runio import runs_dir
         root = results.metrics_root(a.preset, a.runs)
         out = (Path(a.runs) if a.runs else runs_dir(a.preset)) / "07_figures"
@@ -111,7 +113,8 @@ def _dispatch(a, ap) -> int:
         if a.readme:
             shown, _ = results.read_block()
             if shown == a.preset:
-                print("README block " + ("regenerated" if results.update_readme(a.preset) else "up to date"))
+                print(f"README block and docs/results-{a.preset}.md "
+                      + ("regenerated" if results.update_readme(a.preset) else "up to date"))
             else:
                 print(f"README block shows preset {shown}, not {a.preset}: left as is "
                       f"(`qdflash readme --preset {a.preset}` switches it)")
@@ -133,13 +136,14 @@ def _dispatch(a, ap) -> int:
         print(c.markdown(show_all=a.all))
         return 1 if len(c.moved) else 0
     if a.cmd == "readme":
+        preset = a.preset or results.read_block()[0]
         if a.check:
-            shown, body = results.read_block()
-            want = results.readme_block(a.preset or shown)
-            ok = (a.preset or shown) == shown and body == want
-            print("README block " + ("matches" if ok else "differs from") + f" results/{a.preset or shown}")
-            return 0 if ok else 1
-        print("README block " + ("regenerated" if results.update_readme(a.preset) else "up to date"))
+            stale = results.stale_results_files(preset)
+            print(f"README block and docs/results-{preset}.md " + ("match" if not stale else "differ from")
+                  + f" results/{preset}" + "".join(f"\n  stale: {results.rel(p)}" for p in stale))
+            return 1 if stale else 0
+        print(f"README block and docs/results-{preset}.md "
+              + ("regenerated" if results.update_readme(preset) else "up to date"))
         return 0
     if a.cmd == "cards":
         from .cards import write_cards

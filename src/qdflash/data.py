@@ -13,21 +13,11 @@ import json
 import os
 import random
 import time
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 from .config import DataConfig, read_config
 from .prompt_filter import keep_prompt
-from .runio import (finish_run, read_jsonl, sha256_file, start_run, write_json, write_jsonl)
-
-
-@dataclass
-class DataResult:
-    out_dir: Path
-    n_train: int
-    n_val: int
-    metrics: dict
+from .runio import (read_jsonl, sha256_file, write_json, write_jsonl)
 
 
 # ----------------------------------------------------------------------------------------------- prompt sources
@@ -507,47 +497,6 @@ def held_out_split(examples: list[dict], cfg: DataConfig) -> set[int]:
 
 
 # ----------------------------------------------------------------------------------------------- stage
-def run_data(cfg: DataConfig, out_dir: str | Path, progress: bool = True) -> DataResult:
-    from .models import load_tokenizer
-    t0 = time.time()
-    out = start_run(out_dir, cfg, "00_data")
-    tok = load_tokenizer(cfg.target)
-    prompts, src_meta = load_prompts(cfg)
-    items, sel_meta = select_prompts(cfg, tok, prompts, src_meta.pop("source_of", None))
-    if "dump_sha256" in src_meta and len(items) < cfg.n_prompts:
-        raise ValueError(f"the prompt dump yields only {len(items)} prompts that fit max_prompt_tokens, not "
-                         f"{cfg.n_prompts}: dump more (dump_mix_prompts factor)")
-    if cfg.source.startswith("mix:"):
-        sel_meta["selected_by_source"] = {k: sum(1 for it in items if it["id"].startswith(k + "-"))
-                                          for k in src_meta["mix"]}
-    recs, gen_info = regenerate_with(cfg.target, tok, items, cfg, out / "generations.partial.jsonl", progress)
-    examples = [to_example(r, tok) for r in recs]
-    empty = sum(1 for e in examples if sum(e["loss_mask"]) == 0)
-    examples = [e for e in examples if sum(e["loss_mask"]) > 0]
-    val_idx = held_out_split(examples, cfg)
-    val = [examples[i] for i in sorted(val_idx)]
-    train = [e for i, e in enumerate(examples) if i not in val_idx]
-    if not train:
-        raise ValueError("no training examples left after the split; raise n_prompts")
-    write_jsonl(out / "train.jsonl", train)
-    write_jsonl(out / "val.jsonl", val)
-    n_tok = lambda xs: sum(len(e["input_ids"]) for e in xs)  # noqa: E731
-    n_resp = lambda xs: sum(sum(e["loss_mask"]) for e in xs)  # noqa: E731
-    by_source = lambda xs: dict(sorted(Counter(source_of(e["id"]) for e in xs).items()))  # noqa: E731
-    manifest = {"source": {**src_meta, **sel_meta, "empty_responses_dropped": empty},
-                "rows_by_source": {"train": by_source(train), "val": by_source(val)},
-                "files": {n: {"rows": len(x), "tokens": n_tok(x), "assistant_tokens": n_resp(x),
-                              "sha256": sha256_file(out / f"{n}.jsonl")}
-                          for n, x in (("train", train), ("val", val))},
-                "target": cfg.target, "temperature": cfg.temperature}
-    write_json(out / "manifest.json", manifest)
-    gen_tokens = n_resp(train) + n_resp(val)
-    metrics = finish_run(out, {"n_train": len(train), "n_val": len(val), "generated_tokens": gen_tokens,
-                               "mean_response_tokens": gen_tokens / max(1, len(examples)),
-                               "hit_max_new_tokens": sum(1 for r in recs if len(r["gen_ids"]) >= cfg.max_new_tokens),
-                               "gen_tokens_per_s": gen_tokens / max(1e-9, time.time() - t0),
-                               "regeneration": gen_info}, t0)
-    return DataResult(out, len(train), len(val), metrics)
 
 
 def regenerate_rows(target: str, rows: list[dict], data_dir: str | Path, out_dir: str | Path,

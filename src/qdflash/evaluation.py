@@ -20,12 +20,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .config import EvalConfig
-from .runio import cache_dir, device, finish_run, read_json, start_run, write_jsonl
+from .runio import cache_dir, device, write_jsonl
 
 MC_METRIC, IF_METRIC, GPQA_METRIC = ("exact_match,custom-extract", "prompt_level_strict_acc,none",
                                      "exact_match,flexible-extract")
@@ -34,12 +32,6 @@ THINKING_FULL = {"mmlu_pro": False, "ifeval": False, "gpqa_diamond_cot_zeroshot"
 THINK_END = "</think>"          # Qwen3.5's end of reasoning: lm-eval strips everything before it when thinking
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 LETTERS = "ABCDEFGHIJ"
-
-
-@dataclass
-class EvalResult:
-    out_dir: Path
-    metrics: dict
 
 
 # ----------------------------------------------------------------------------------------------- local data
@@ -233,7 +225,7 @@ filter_list:
 
 
 # ----------------------------------------------------------------------------------------------- lm-eval glue
-def _spec_lm_class():
+def spec_lm_class():
     from lm_eval.api.model import LM
 
     class SpecLM(LM):
@@ -401,7 +393,7 @@ def _dense_hflm(path: str, cfg: EvalConfig, thinking: bool | None):
                 **kw)
 
 
-def _evaluate_model(model, tasks, task_dir, cfg: EvalConfig, path: str | None = None):
+def evaluate_model(model, tasks, task_dir, cfg: EvalConfig, path: str | None = None):
     """All task groups of one model (hf backend when ``path`` is given, else the LM instance ``model``); a
     compressed checkpoint is evaluated de-quantized (``_dense_hflm``)."""
     results, n, samples = {}, {}, {}
@@ -414,61 +406,3 @@ def _evaluate_model(model, tasks, task_dir, cfg: EvalConfig, path: str | None = 
         n.update(k)
         samples.update(s)
     return results, n, samples
-
-
-def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, progress=True) -> EvalResult:
-    t0 = time.time()
-    out = start_run(out_dir, cfg, "06_evaluation")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    ensure_punkt_tab()
-    from .models import resolve_target
-    qm = read_json(Path(qad_dir) / "metrics.json")
-    fp_spec = read_json(Path(data_dir) / "config.json")["target"]
-    models = {"teacher": resolve_target(fp_spec)}
-    models.update({k: str(Path(qad_dir) / qm["names"][k]) for k in ("rtn", "gptq", "qad")})
-    if cfg.preset == "full":
-        tasks, task_dir = dict(TASKS_FULL), None
-    else:
-        task_dir = out / "tasks"
-        tasks = write_local_tasks(task_dir, cfg)
-    qtasks = {}
-    if cfg.n_quality and task_dir is not None:       # log-likelihood tasks the small teacher solves (quality_tasks)
-        from .quality_tasks import write_quality_tasks
-        qtasks = write_quality_tasks(task_dir, cfg.n_quality)
-    results, raw, q_items = {}, {}, {}
-    for name, path in models.items():
-        res, n, samples = _evaluate_model("hf", {**tasks, **qtasks}, task_dir, cfg, path)
-        raw[name] = res
-        results[name] = gate_scores(res, n, tasks, cfg.thresholds, samples)
-        if qtasks:
-            q_items[name] = {t: item_scores(samples, t, m) for t, m in qtasks.items()}
-            results[name]["quality"] = {t: {"score": res[t][m], "score_ci95": bootstrap_mean_ci([q_items[name][t]]),
-                                            "items": len(q_items[name][t])} for t, m in qtasks.items()}
-    spec = {}
-    if cfg.with_speculation and cfg.preset != "full":
-        from .decode_stats import acceptance_stats
-        fm = read_json(Path(finetune_dir) / "metrics.json")
-        drafter_dir = str(Path(finetune_dir) / fm["drafters"]["two_stage"])
-        SpecLM = _spec_lm_class()
-        plain = SpecLM(models["qad"], None, cfg.max_gen_toks, cfg.dtype)
-        withd = SpecLM(models["qad"], drafter_dir, cfg.max_gen_toks, cfg.dtype)
-        rp, n_p, s_p = _evaluate_model(plain, tasks, task_dir, cfg)
-        rs, n_s, s_s = _evaluate_model(withd, tasks, task_dir, cfg)
-        results["qad (our loop, plain)"] = gate_scores(rp, n_p, tasks, cfg.thresholds, s_p)
-        results["qad (our loop, speculative)"] = gate_scores(rs, n_s, tasks, cfg.thresholds, s_s)
-        st = acceptance_stats(withd.results)
-        spec = {"outputs": len(plain.outputs), "dtype": cfg.dtype,
-                "mismatched_outputs": sum(a != b for a, b in zip(plain.outputs, withd.outputs)),
-                **{k: st[k] for k in ("tau", "tau_ci95", "per_position", "per_position_ci95", "steps", "prompts")
-                   if k in st}}
-    (out / "lm_eval_results.json").write_text(json.dumps(raw, indent=1, default=str))
-    quality = {}
-    if qtasks:
-        from .quality_tasks import CHANCE, relative_to_teacher
-        quality = {"tasks": qtasks, "chance": {t: CHANCE[t] for t in qtasks},
-                   "vs_teacher": relative_to_teacher(q_items)}
-    m = finish_run(out, {"results": results, "speculation_check": spec, "tasks": tasks, "quality": quality,
-                         "thinking": {t: THINKING_FULL.get(t) for t in tasks} if cfg.preset == "full" else None,
-                         "max_gen_toks": cfg.max_gen_toks, "dtype": cfg.dtype,
-                         "thresholds": list(cfg.thresholds)}, t0)
-    return EvalResult(out, m)

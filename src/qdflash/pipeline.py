@@ -38,7 +38,7 @@ def stage_config(stage: str, preset: str, overrides: dict[str, Any] | None = Non
         raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     ov = dict(overrides or {})
     if stage == "05_serving":
-        from .serving import run_serving
+        from .stages.s05_serving import run_serving
         allowed = [n for n, p in inspect.signature(run_serving).parameters.items() if p.default is not p.empty]
         bad = sorted(set(ov) - set(allowed))
         if bad:
@@ -166,28 +166,28 @@ def run_stage(stage: str, preset: str, runs: str | Path | None = None, overrides
     prog.install()
     ov = dict(overrides or {})
     if stage == "00_data":
-        from .data import run_data
+        from .stages.s00_data import run_data
         return run_data(cfg, out, progress)
     if stage == "01_qad":
-        from .qad import run_qad
+        from .stages.s01_qad import run_qad
         return run_qad(cfg, out, d("00_data"), progress)
     if stage == "02_drafter_pretrain":
-        from .drafter_train import run_drafter_pretrain
+        from .stages.s02_drafter_pretrain import run_drafter_pretrain
         return run_drafter_pretrain(cfg, out, d("00_data"), progress)
     if stage == "03_drafter_finetune":
-        from .drafter_train import run_drafter_finetune
+        from .stages.s03_drafter_finetune import run_drafter_finetune
         return run_drafter_finetune(cfg, out, d("00_data"), d("02_drafter_pretrain"), d("01_qad"), progress)
     if stage == "04_drafter_quant":
-        from .drafter_quant import run_drafter_quant
+        from .stages.s04_drafter_quant import run_drafter_quant
         return run_drafter_quant(cfg, out, d("00_data"), d("01_qad"), d("03_drafter_finetune"), progress)
     if stage == "05_serving":
-        from .serving import run_serving
+        from .stages.s05_serving import run_serving
         return run_serving(preset, out, d("00_data"), d("01_qad"), d("03_drafter_finetune"), d("04_drafter_quant"),
                            **ov)
     if stage == "06_evaluation":
-        from .evaluation import run_evaluation
+        from .stages.s06_evaluation import run_evaluation
         return run_evaluation(cfg, out, d("00_data"), d("01_qad"), d("03_drafter_finetune"), progress)
-    from .figures import run_figures
+    from .stages.s07_figures import run_figures
     from .results import metrics_root, results_dir
     root = metrics_root(preset, runs)          # runs/<preset>, or the committed results/<preset> on a fresh clone
     return run_figures(cfg, out, root, cards=root != results_dir(preset))

