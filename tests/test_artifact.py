@@ -213,32 +213,72 @@ def test_results_collect_compare_and_figures_from_results(tiny_pipeline, tmp_pat
 
 
 # ----------------------------------------------------------------------------------------------- README block
-def test_readme_block_is_generated():
-    """The README's results block is exactly what `qdflash readme` generates from results/<preset>."""
-    from qdflash.results import read_block, readme_block, results_dir
+def test_readme_block_and_results_page_are_generated():
+    """The README's headline block and docs/results-<preset>.md are exactly what `qdflash readme` generates from
+    results/<preset> (and the saved benchmark outputs)."""
+    from qdflash.results import read_block, readme_block, results_dir, results_doc, results_page
     preset, body = read_block()
     assert results_dir(preset).exists(), f"results/{preset} is missing: `make results PRESET={preset}`"
-    assert body == readme_block(preset), f"README results block is stale: run `qdflash readme --preset {preset}`"
+    fix = f"run `qdflash readme --preset {preset}`"
+    assert body == readme_block(preset), f"README results block is stale: {fix}"
+    doc = results_doc(preset)
+    assert doc.exists() and doc.read_text() == results_page(preset), f"{doc.name} is stale: {fix}"
+    assert f"](docs/{doc.name})" in body                                  # the headline links the full page
 
 
 def test_readme_block_update_and_drift(tmp_path):
-    from qdflash.results import read_block, update_readme
+    from qdflash.results import read_block, results_doc, stale_results_files, update_readme
     root = tmp_path / "results"
     stage(root, "01_qad", {"eval": {k: {"kl_to_teacher": kl, "top1_agreement": 0.8, "ppl_assistant": 2.0,
                                         "file_mb": 1.0} for k, kl in (("teacher", 0.0), ("gptq", 0.28),
-                                                                      ("qad", 0.2712345))}})
+                                                                      ("qad", 0.2712345))},
+                           "qad_vs_gptq_kl": {"ratio": 0.9687, "ratio_ci95": [0.95, 0.99], "n_conversations": 6}})
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\nbefore\n\n<!-- results:begin preset=tiny -->\nold\n<!-- results:end -->\n\nafter\n")
+    doc = results_doc("tiny", readme)
+    assert doc == tmp_path / "docs" / "results-tiny.md" and not doc.exists()
+    assert stale_results_files(None, readme, root) == [readme, doc]
     assert update_readme(None, readme, root) is True
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n\n") and text.endswith("<!-- results:end -->\n\nafter\n")
     preset, body = read_block(readme)
-    assert preset == "tiny" and "| QAD W4A16" in body and "0.2712" in body and "old" not in body
+    assert preset == "tiny" and "old" not in body and "](docs/results-tiny.md)" in body
+    assert "| 0.969 | 0.950–0.990 (6 conversations) |" in body              # the headline: KL ratio, interval
+    page = doc.read_text()
+    assert page.startswith("# Results of the `tiny` preset\n") and "| QAD W4A16" in page and "0.2712" in page
     assert update_readme(None, readme, root) is False                  # regenerating is a no-op
+    assert stale_results_files(None, readme, root) == []
     m = json.loads((root / "01_qad" / "metrics.json").read_text())
-    m["eval"]["qad"]["kl_to_teacher"] = 0.25
+    m["eval"]["qad"]["kl_to_teacher"] = 0.25                           # only the page shows the KL itself
     (root / "01_qad" / "metrics.json").write_text(json.dumps(m))
-    assert update_readme(None, readme, root) is True and "0.25 " in read_block(readme)[1]
+    assert stale_results_files(None, readme, root) == [doc]
+    assert update_readme(None, readme, root) is True and "0.25 " in doc.read_text()
+    m["qad_vs_gptq_kl"]["ratio"] = 0.9                                 # the headline shows the ratio
+    (root / "01_qad" / "metrics.json").write_text(json.dumps(m))
+    assert readme in stale_results_files(None, readme, root)
+    assert update_readme(None, readme, root) is True and "| 0.900 |" in read_block(readme)[1]
+
+
+def test_readme_fits_two_screens_and_its_links_resolve():
+    """The README stays short (the long material lives in docs/), and every relative link of the README, docs/ and
+    benchmarks/README.md points at a file that exists (and at a heading that exists, for a #anchor)."""
+    readme = (REPO / "README.md").read_text().splitlines()
+    assert len(readme) <= 150, f"README.md has {len(readme)} lines: move material to docs/"
+    assert not [i for i, line in enumerate(readme, 1) if len(line) > 200], "README lines over 200 characters"
+
+    def anchors(md: Path) -> set[str]:
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                for h in re.findall(r"^#+ (.*)$", md.read_text(), re.M)}
+    bad = []
+    for md in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", md.read_text(), flags=re.S)):
+            path, _, anchor = target.partition("#")
+            if re.match(r"\w+:", target):
+                continue
+            dest = (md.parent / path) if path else md
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
+                bad.append(f"{md.relative_to(REPO)}: {target}")
+    assert not bad, bad
 
 
 # ----------------------------------------------------------------------------------------------- citation

@@ -26,8 +26,8 @@ BLOCK_RE = re.compile(r"<!-- results:begin preset=(?P<preset>[\w-]+) -->\n(?P<bo
                       re.S)
 
 def sha_groups(by_stage: dict) -> str:
-    """Distinct SHAs (7 characters; stage 07's ``-dirty`` dropped, the README says why) of a run's stages in stage
-    order, each with its runs of consecutive stages: "d8efed7", "d8efed7 (00-04), a8b0106 (05-07)",
+    """Distinct SHAs (7 characters; stage 07's ``-dirty`` dropped, docs/smol-run.md says why) of a run's stages in
+    stage order, each with its runs of consecutive stages: "d8efed7", "d8efed7 (00-04), a8b0106 (05-07)",
     "a (00-01/03), b (02)"."""
     runs: list[list] = []                       # [sha, first stage, last stage] per run of equal SHAs
     for stage, sha in by_stage.items():
