@@ -80,19 +80,20 @@ $(RUNS)/00_data/metrics.json: notebooks/00_data_prep.ipynb src/qdflash/batch_gen
     | $(ENVS)
 	$(call papermill,00_data_prep.ipynb,00_data)
 $(RUNS)/01_qad/metrics.json: notebooks/01_qad.ipynb src/qdflash/batch_generate.py src/qdflash/config.py \
-    src/qdflash/dag.py src/qdflash/data.py src/qdflash/distributed.py src/qdflash/drafter.py src/qdflash/features.py \
-    src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
-    src/qdflash/prompt_filter.py src/qdflash/qad.py src/qdflash/quant.py src/qdflash/runio.py \
-    src/qdflash/stages/__init__.py src/qdflash/stages/s01_qad.py src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py \
-    src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json | $(ENVS)
+    src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_stats.py src/qdflash/distributed.py \
+    src/qdflash/drafter.py src/qdflash/features.py src/qdflash/magpie.py src/qdflash/models.py \
+    src/qdflash/pipeline.py src/qdflash/progress.py src/qdflash/prompt_filter.py src/qdflash/qad.py \
+    src/qdflash/quant.py src/qdflash/runio.py src/qdflash/stages/__init__.py src/qdflash/stages/s01_qad.py \
+    src/qdflash/training.py src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/00_data/metrics.json | $(ENVS)
 	$(call papermill,01_qad.ipynb,01_qad)
 $(RUNS)/02_drafter_pretrain/metrics.json: notebooks/02_drafter_pretrain.ipynb src/qdflash/batch_generate.py \
     src/qdflash/config.py src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_stats.py \
     src/qdflash/distributed.py src/qdflash/drafter.py src/qdflash/drafter_train.py src/qdflash/features.py \
     src/qdflash/losses.py src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py \
     src/qdflash/progress.py src/qdflash/prompt_filter.py src/qdflash/quant.py src/qdflash/runio.py \
-    src/qdflash/stages/__init__.py src/qdflash/stages/s02_drafter_pretrain.py src/qdflash/vllm_jobs.py \
-    src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
+    src/qdflash/stages/__init__.py src/qdflash/stages/s02_drafter_pretrain.py src/qdflash/training.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
     $(RUNS)/00_data/metrics.json | $(ENVS)
 	$(call papermill,02_drafter_pretrain.ipynb,02_drafter_pretrain)
 $(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb src/qdflash/batch_generate.py \
@@ -102,8 +103,8 @@ $(RUNS)/03_drafter_finetune/metrics.json: notebooks/03_drafter_finetune.ipynb sr
     src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
     src/qdflash/prompt_filter.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/speculative.py \
     src/qdflash/stages/__init__.py src/qdflash/stages/s02_drafter_pretrain.py \
-    src/qdflash/stages/s03_drafter_finetune.py src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py \
-    src/qdflash/walk.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
+    src/qdflash/stages/s03_drafter_finetune.py src/qdflash/training.py src/qdflash/vllm_jobs.py \
+    src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
     $(RUNS)/02_drafter_pretrain/metrics.json $(RUNS)/01_qad/metrics.json | $(ENVS)
 	$(call papermill,03_drafter_finetune.ipynb,03_drafter_finetune)
 $(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdflash/batch_generate.py \
@@ -112,17 +113,17 @@ $(RUNS)/04_drafter_quant/metrics.json: notebooks/04_drafter_quant.ipynb src/qdfl
     src/qdflash/drafter_train.py src/qdflash/fast_decode.py src/qdflash/features.py src/qdflash/losses.py \
     src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
     src/qdflash/prompt_filter.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/speculative.py \
-    src/qdflash/stages/__init__.py src/qdflash/stages/s04_drafter_quant.py src/qdflash/vllm_jobs.py \
-    src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
-    $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
+    src/qdflash/stages/__init__.py src/qdflash/stages/s04_drafter_quant.py src/qdflash/training.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/qdflash/walk.py src/vllm_plugin/__init__.py \
+    src/vllm_plugin/qdflash_vllm.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
 	$(call papermill,04_drafter_quant.ipynb,04_drafter_quant)
 $(RUNS)/05_serving/metrics.json: notebooks/05_serving.ipynb src/qdflash/batch_generate.py src/qdflash/config.py \
     src/qdflash/dag.py src/qdflash/data.py src/qdflash/decode_stats.py src/qdflash/distributed.py \
     src/qdflash/drafter.py src/qdflash/drafter_train.py src/qdflash/features.py src/qdflash/losses.py \
     src/qdflash/magpie.py src/qdflash/models.py src/qdflash/pipeline.py src/qdflash/progress.py \
     src/qdflash/prompt_filter.py src/qdflash/quant.py src/qdflash/runio.py src/qdflash/serving.py \
-    src/qdflash/stages/__init__.py src/qdflash/stages/s05_serving.py src/qdflash/vllm_jobs.py \
-    src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
+    src/qdflash/stages/__init__.py src/qdflash/stages/s05_serving.py src/qdflash/training.py \
+    src/qdflash/vllm_jobs.py src/qdflash/vllm_worker.py src/vllm_plugin/__init__.py src/vllm_plugin/qdflash_vllm.py \
     $(RUNS)/04_drafter_quant/metrics.json | $(ENVS)
 	$(call papermill,05_serving.ipynb,05_serving)
 $(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/config.py src/qdflash/dag.py \
@@ -130,7 +131,8 @@ $(RUNS)/06_evaluation/metrics.json: notebooks/06_evaluation.ipynb src/qdflash/co
     src/qdflash/evaluation.py src/qdflash/fast_decode.py src/qdflash/models.py src/qdflash/pipeline.py \
     src/qdflash/progress.py src/qdflash/qad.py src/qdflash/quality_tasks.py src/qdflash/quant.py \
     src/qdflash/runio.py src/qdflash/speculative.py src/qdflash/stages/__init__.py \
-    src/qdflash/stages/s06_evaluation.py src/qdflash/walk.py $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
+    src/qdflash/stages/s06_evaluation.py src/qdflash/training.py src/qdflash/walk.py \
+    $(RUNS)/03_drafter_finetune/metrics.json | $(ENVS)
 	$(call papermill,06_evaluation.ipynb,06_evaluation)
 $(RUNS)/07_figures/metrics.json: notebooks/07_figures.ipynb src/qdflash/bench_index.py src/qdflash/cards.py \
     src/qdflash/config.py src/qdflash/dag.py src/qdflash/decode_stats.py src/qdflash/figures.py \

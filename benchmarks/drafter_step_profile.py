@@ -37,7 +37,11 @@ def main() -> None:
     from qdflash.config import DrafterConfig, default_gamma, load_config
     from qdflash.data import load_split
     from qdflash.drafter import new_drafter
-    from qdflash.drafter_train import compute_dtype, drafter_loss, make_batch, stage_features
+    from qdflash.drafter_train import drafter_loss, make_batch, stage_features
+    try:                                    # this tree; a baseline tree (--XL_BASE) has it in drafter_train
+        from qdflash.training import autocast_dtype as compute_dtype
+    except ImportError:
+        from qdflash.drafter_train import compute_dtype
     from qdflash.models import load_model, load_tokenizer, mask_token_id, resolve_target
     from qdflash.runio import provenance, write_json
     over = {"batch_size": args.batch} if args.batch else {}

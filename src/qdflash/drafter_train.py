@@ -10,7 +10,6 @@ then cosine, grad clip. Target hidden states are computed once per target (the t
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from .config import DrafterConfig, default_gamma
 from .data import load_split
 from .drafter import (DFlashDraftModel, check_window, draft_head_weight, in_window, save_drafter, target_to_draft)
 from .losses import linear_cross_entropy
+from .training import autocast_dtype, lr_at
 from .runio import atomic_write_text, read_json, thin
 
 
@@ -159,18 +159,6 @@ def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
     return loss, {"acc": hits.float() / max(1, len(sel)), "n_sup": int(len(sel))}
 
 
-def compute_dtype(cfg: DrafterConfig) -> torch.dtype | None:
-    """bf16 autocast when the preset computes in bf16 (fp32 master weights and AdamW state either way)."""
-    return torch.bfloat16 if cfg.dtype == "bfloat16" else None
-
-
-def _lr(step, total, warmup_frac, base):
-    warm = max(1, int(round(warmup_frac * total)))
-    if step < warm:
-        return base * (step + 1) / warm
-    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
-
-
 def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mask_id, gen, gamma) -> tuple[float, dict]:
     """The forwards and backwards of one data-parallel step (``distributed``): every rank draws the anchors of the
     whole global batch (its generator advances as in one process), builds only its own micro-batches, and divides
@@ -185,7 +173,7 @@ def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mas
     infos: list[dict] = []
 
     def loss_of(b: dict) -> torch.Tensor:
-        loss, info = drafter_loss(drafter, embed, lm_head, b, compute_dtype(cfg), denom, cfg.ce_chunk)
+        loss, info = drafter_loss(drafter, embed, lm_head, b, autocast_dtype(cfg), denom, cfg.ce_chunk)
         infos.append({**info, "acc": float(info["acc"])})
         return loss
     loss = dp.accumulate(parts, loss_of)
@@ -209,7 +197,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
     target.requires_grad_(False)                 # frozen: its embedding / lm_head never accumulate gradients
     drafter.float()                              # fp32 master weights (bf16 params would drop small AdamW updates)
     if dp is not None:                           # FSDP2: one unit per drafter layer plus the root
-        dp.shard(drafter, drafter.layers, param_dtype=compute_dtype(cfg))
+        dp.shard(drafter, drafter.layers, param_dtype=autocast_dtype(cfg))
     else:
         distributed.check_one_process_batch(cfg.batch_size, cfg.micro_batch_size)
     gamma = cfg.gamma or default_gamma(cfg.block_size)
@@ -275,14 +263,14 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
         gen_state = None
         for s in range(within, steps_per_epoch):
             idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
-            lr = _lr(step, total, cfg.warmup_frac, cfg.lr)
+            lr = lr_at(step, total, cfg.warmup_frac, cfg.lr)
             for g in opt.param_groups:
                 g["lr"] = lr
             if dp is None:
                 if hasattr(feats, "prefetch"):
                     feats.prefetch(idx)
                 batch = make_batch(rows, feats, idx, cfg, mask_id, gen, gamma, t2d=t2d)
-                loss, info = drafter_loss(drafter, embed, lm_head, batch, compute_dtype(cfg), ce_chunk=cfg.ce_chunk)
+                loss, info = drafter_loss(drafter, embed, lm_head, batch, autocast_dtype(cfg), ce_chunk=cfg.ce_chunk)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 loss, gn = loss.detach(), torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)

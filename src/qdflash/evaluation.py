@@ -23,6 +23,7 @@ import random
 from pathlib import Path
 
 from .config import EvalConfig
+from .decode_stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from .runio import cache_dir, device, write_jsonl
 
 MC_METRIC, IF_METRIC, GPQA_METRIC = ("exact_match,custom-extract", "prompt_level_strict_acc,none",
@@ -30,7 +31,6 @@ MC_METRIC, IF_METRIC, GPQA_METRIC = ("exact_match,custom-extract", "prompt_level
 TASKS_FULL = {"mmlu_pro": MC_METRIC, "ifeval": IF_METRIC, "gpqa_diamond_cot_zeroshot": GPQA_METRIC}
 THINKING_FULL = {"mmlu_pro": False, "ifeval": False, "gpqa_diamond_cot_zeroshot": True}   # as the paper sets it
 THINK_END = "</think>"          # Qwen3.5's end of reasoning: lm-eval strips everything before it when thinking
-BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 LETTERS = "ABCDEFGHIJ"
 
 

@@ -281,12 +281,3 @@ class FastDecoder:
             x = new[-1]
             done = emit_tokens(res.tokens, new, eos_token_id, max_new_tokens)
         return res
-
-
-def fast_generate(target, prompt_ids: list[int], max_new_tokens: int, drafter: DFlashDraftModel | None = None,
-                  temperature: float = 0.0, eos_token_id: int | None = None, window: int | None = None,
-                  seed: int = 0) -> GenResult:
-    """One-off ``speculative.generate`` on the fast path (no compile; build a ``FastDecoder`` to reuse graphs)."""
-    B = drafter.block_size if drafter is not None else 1
-    with FastDecoder(target, drafter, max_len=len(prompt_ids) + max_new_tokens + B, window=window) as fd:
-        return fd.generate(prompt_ids, max_new_tokens, temperature, eos_token_id, seed)

@@ -24,7 +24,6 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 SMOL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_MASK_TOKEN = "<empty_output>"   # a reserved special row of SmolLM2's table that chat never produces
-QWEN35_MASK_TOKEN_ID = 248070        # <|audio_start|>: the DFlash MASK row of the full preset (never produced in chat)
 # Qwen/Qwen3.5-4B's text config (as published; bench.shapes_bench and the full dry-run use it without downloading)
 QWEN35_4B = dict(vocab_size=248320, hidden_size=2560, intermediate_size=9216, num_hidden_layers=32,
                  num_attention_heads=16, num_key_value_heads=4, head_dim=256, tie_word_embeddings=True,

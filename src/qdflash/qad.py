@@ -25,6 +25,8 @@ from torch.utils.checkpoint import checkpoint
 from . import distributed
 from .config import QADConfig
 from .quant import FakeQuantLinear, quantize_ints
+from .decode_stats import BOOTSTRAP_RESAMPLES
+from .training import autocast_dtype, lr_at
 from .runio import atomic_write_text
 
 
@@ -131,7 +133,7 @@ def compare_to_teacher(model, teacher, rows: list[dict], seq_len: int, pad_id: i
     return compare_models_to_teacher({"m": model}, teacher, rows, seq_len, pad_id, bs)["m"]
 
 
-def bootstrap_ratio_diff(a_kl: list[float], b_kl: list[float], n_tok: list[int], n_boot: int = 2000,
+def bootstrap_ratio_diff(a_kl: list[float], b_kl: list[float], n_tok: list[int], n_boot: int = BOOTSTRAP_RESAMPLES,
                          seed: int = 0) -> dict:
     """Paired bootstrap over conversations of the token-weighted KL difference a - b and the ratio a / b
     (same conversations, same tokens for both models)."""
@@ -150,18 +152,6 @@ def bootstrap_ratio_diff(a_kl: list[float], b_kl: list[float], n_tok: list[int],
 
 
 # ----------------------------------------------------------------------------------------------- training
-def lr_at(step: int, total: int, warmup_frac: float, base: float) -> float:
-    warm = max(1, int(round(warmup_frac * total)))
-    if step < warm:
-        return base * (step + 1) / warm
-    prog = (step - warm) / max(1, total - warm)
-    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))
-
-
-def _compute_dtype(cfg: QADConfig) -> torch.dtype | None:
-    return torch.bfloat16 if cfg.dtype == "bfloat16" else None
-
-
 def local_codes(m: FakeQuantLinear) -> torch.Tensor:
     """``m.codes()``; under FSDP, the codes of this rank's rows of the sharded latents (no gather)."""
     if not distributed.is_sharded(m.weight):
@@ -218,7 +208,7 @@ def train_qad(cfg: QADConfig, student, teacher, rows: list[dict], pad_id: int, c
         ([{"params": scales, "base_lr": cfg.scale_lr or cfg.lr}] if scales else [])
     opt = torch.optim.AdamW([{**g, "lr": g["base_lr"]} for g in groups], betas=tuple(cfg.betas), weight_decay=0.0,
                             fused=True)           # one fused kernel over the 100M+ latents (CPU and CUDA)
-    cdt = _compute_dtype(cfg)
+    cdt = autocast_dtype(cfg)
     init_codes = {n: local_codes(m).to(torch.int8) for n, m in fq.items()}
     eval_every = cfg.eval_every or max(1, cfg.steps // 10)
     step, log, evals, best = 0, [], [], None

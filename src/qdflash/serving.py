@@ -23,11 +23,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .decode_stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
 from .vllm_jobs import (all_cores_env, check_servable_drafter, run_job, run_jobs, vllm_env,  # noqa: F401
                         vllm_python)
 
 
-def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
+def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = BOOTSTRAP_RESAMPLES,
+                       seed: int = BOOTSTRAP_SEED) -> dict:
     """95% bootstrap intervals over prompts of vLLM's tau (bonus counted) and per-position acceptance, from the
     per-prompt deltas of its spec-decode counters (``vllm_worker`` decodes one prompt per call)."""
     import numpy as np
