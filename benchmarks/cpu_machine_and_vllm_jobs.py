@@ -7,8 +7,8 @@
   a square matmul (2048^3, median of 5) in bf16 and fp32 on 1 thread and on every core. Issue 13's budget (the
   whole `smol` DAG in 30 min) was written for a machine with AMX (~830 GFLOP/s in bf16); this is what runs here.
 * vLLM offline jobs: ``--jobs`` plain jobs of stage 05's shape (the FP target, ``eval_prompts`` validation prompts x
-  ``eval_new_tokens`` tokens, batch 1, bf16), each as its own worker process (``serving.run_job``, the old stage 05)
-  against all in one worker process with the engine in-process (``serving.run_jobs``, the new one). Wall time
+  ``eval_new_tokens`` tokens, batch 1, bf16), each as its own worker process (``serving.job_in_subprocess``, the old stage 05)
+  against all in one worker process with the engine in-process (``serving.jobs_in_one_process``, the new one). Wall time
   around the whole call (process start, vLLM import, engine start, generation, shutdown); the tokens must match.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from qdflash.config import DrafterConfig, load_config
 from qdflash.drafter_train import eval_prompts
 from qdflash.models import resolve_target
 from qdflash.runio import git_sha, write_json
-from qdflash.serving import run_job, run_jobs
+from qdflash.serving import job_in_subprocess, jobs_in_one_process
 
 
 def machine(n: int = 2048, reps: int = 5) -> dict:
@@ -65,10 +65,10 @@ def vllm_jobs(data_dir: str, n_jobs: int) -> dict:
            "drafter": None}
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
-        old = [run_job(job, Path(d), f"old{i}") for i in range(n_jobs)]
+        old = [job_in_subprocess(job, Path(d), f"old{i}") for i in range(n_jobs)]
         t_old = time.perf_counter() - t
         t = time.perf_counter()
-        new = run_jobs({f"new{i}": job for i in range(n_jobs)}, Path(d), "new")
+        new = jobs_in_one_process({f"new{i}": job for i in range(n_jobs)}, Path(d), "new")
         t_new = time.perf_counter() - t
     for r in old + list(new.values()):
         if "error" in r:

@@ -57,7 +57,7 @@ def interleaved(setups: dict, reps: int) -> dict[str, float]:
 
 
 def regeneration(rows, tok, n_prompts: int, new_tokens: int) -> dict:
-    from qdflash.serving import run_job
+    from qdflash.serving import job_in_subprocess
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows[:n_prompts]]
     cfg = load_config(DataConfig, "smol", max_new_tokens=new_tokens, batch_size=32, dtype="float32", backend="hf")
     model = load_model("smol", "float32")
@@ -74,7 +74,7 @@ def regeneration(rows, tok, n_prompts: int, new_tokens: int) -> dict:
                "max_tokens": new_tokens, "temperature": 0.0, "eos_token_id": tok.eos_token_id,
                "max_model_len": max(len(p) for p in prompts) + new_tokens, "max_num_seqs": 256,
                "chunk": len(prompts), "partial": str(partial)}
-        res = run_job(job, Path(d), "bench")
+        res = job_in_subprocess(job, Path(d), "bench")
     if "error" in res:
         raise RuntimeError(res["error"])
     return {"prompts": len(prompts), "max_new_tokens": new_tokens,

@@ -3,7 +3,7 @@
     python benchmarks/qad_sweep.py --data runs/smol/00_data --out benchmarks/qad_sweep.json \
         --variants 'latent:lr=1e-4' 'scale:scale_lr=2e-5' ...
 
-One GPTQ W4A16 g32 start (llmcompressor, the stage's own `run_ptq`), then for each variant the stage's own
+One GPTQ W4A16 g32 start (llmcompressor, the stage's own `quantize_ptq`), then for each variant the stage's own
 `train_qad` (same batches, same held-out selection split, best checkpoint kept) and the stage's evaluation
 (`compare_models_to_teacher`) on the same held-out conversations: KL to the teacher, top-1 agreement, assistant
 perplexity, and the paired bootstrap interval over conversations of KL(QAD) / KL(GPTQ). A variant is
@@ -24,7 +24,7 @@ from qdflash.config import QADConfig, load_config
 from qdflash.data import load_split
 from qdflash.models import load_model, load_tokenizer, resolve_target
 from qdflash.qad import bootstrap_ratio_diff, compare_models_to_teacher, train_qad
-from qdflash.quant import load_fake_quant_model, run_ptq
+from qdflash.quant import load_fake_quant_model, quantize_ptq
 from qdflash.runio import git_sha, torch_dtype, write_json
 
 
@@ -62,7 +62,7 @@ def main() -> int:
     gptq = work / "ptq-gptq"
     t = time.time()
     if not (gptq / "config.json").exists():
-        run_ptq(base, "gptq", base_cfg.group_size, base_cfg.quant_targets,
+        quantize_ptq(base, "gptq", base_cfg.group_size, base_cfg.quant_targets,
                 [r["input_ids"][: base_cfg.seq_len] for r in train[: base_cfg.calib_samples]], gptq,
                 base_cfg.gptq_dampening, max_seq_len=base_cfg.seq_len)
     teacher = load_model(base, base_cfg.dtype)

@@ -54,7 +54,7 @@ def main() -> int:
 
     from qdflash.models import load_model, resolve_target
     from qdflash.runio import read_json, write_json
-    from qdflash.serving import mismatch_causes, run_job, vllm_acceptance_ci
+    from qdflash.serving import mismatch_causes, job_in_subprocess, vllm_acceptance_ci
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")
     qad = str((runs / "01_qad" / qm["names"]["qad"]).resolve())
@@ -76,7 +76,7 @@ def main() -> int:
 
     def job(name, target, k=None, env=None):
         t0 = time.time()
-        r = run_job({**base, "target": target, "drafter": drafter if k else None, "num_speculative_tokens": k or 0},
+        r = job_in_subprocess({**base, "target": target, "drafter": drafter if k else None, "num_speculative_tokens": k or 0},
                     work, name, env)
         if "error" in r:
             raise RuntimeError(f"{name}: {r['error']}")

@@ -37,7 +37,7 @@ def main() -> int:
     from qdflash.models import load_model, load_tokenizer, resolve_target
     from qdflash.runio import git_sha, read_json, write_json
     from qdflash.decode_stats import acceptance_stats
-    from qdflash.speculative import run_decoding
+    from qdflash.speculative import decode_prompts
     from qdflash.walk import Walker, agreement
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")
@@ -51,7 +51,7 @@ def main() -> int:
            "drafters": drafters, "targets": {}}
     for tname, tspec in targets.items():
         target = load_model(tspec, "float32", "cpu")
-        plain, pst = run_decoding(target, prompts, a.new_tokens, None, 0.0, tok.eos_token_id)
+        plain, pst = decode_prompts(target, prompts, a.new_tokens, None, 0.0, tok.eos_token_id)
         walker = Walker(target, prompts, plain, tok.eos_token_id)
         layers = load_drafter(next(iter(drafters.values()))).target_layer_ids
         t0 = time.perf_counter()
@@ -62,7 +62,7 @@ def main() -> int:
                 "walk_contexts_s": ctx_s}
         for dname, path in drafters.items():
             d = load_drafter(path, torch.float32)
-            dec, dst = run_decoding(target, prompts, a.new_tokens, d, 0.0, tok.eos_token_id)
+            dec, dst = decode_prompts(target, prompts, a.new_tokens, d, 0.0, tok.eos_token_id)
             t0 = time.perf_counter()
             walked = walker.walk(d, a.new_tokens)
             walk_s = time.perf_counter() - t0

@@ -122,7 +122,7 @@ def test_vllm_regeneration_gets_an_absolute_model_directory(tmp_path, monkeypatc
     from qdflash import data, vllm_jobs
     from qdflash.config import DataConfig, load_config
     seen = []
-    monkeypatch.setattr(vllm_jobs, "run_job", lambda job, *a, **k: seen.append(job["target"]) or {"error": "stop\n"})
+    monkeypatch.setattr(vllm_jobs, "job_in_subprocess", lambda job, *a, **k: seen.append(job["target"]) or {"error": "stop\n"})
     (tmp_path / "runs" / "twin").mkdir(parents=True)
     monkeypatch.chdir(tmp_path / "runs")
     cfg = load_config(DataConfig, "tiny", backend="vllm")
@@ -144,7 +144,7 @@ def test_vllm_regeneration_runs_on_every_core(tmp_path, monkeypatch, cores, bind
     from qdflash.config import DataConfig, load_config
     seen = []
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cores))
-    monkeypatch.setattr(vllm_jobs, "run_job", lambda job, work, name, env, **k: seen.append(env) or {"error": "stop\n"})
+    monkeypatch.setattr(vllm_jobs, "job_in_subprocess", lambda job, work, name, env, **k: seen.append(env) or {"error": "stop\n"})
     cfg = load_config(DataConfig, "tiny", backend="vllm")
     with pytest.raises(RuntimeError, match="vLLM regeneration failed"):
         data.regenerate_vllm("some-org/some-model", type("T", (), {"eos_token_id": 0})(),

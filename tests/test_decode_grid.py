@@ -22,28 +22,28 @@ def grid(tiny_target, one_thread):
 
 def _count_decodes(monkeypatch):
     seen = []
-    real = speculative.run_decoding
+    real = speculative.decode_prompts
 
     def counting(target, prompts, n, drafter=None, *a, **k):
         seen.append(a[5])
         return real(target, prompts, n, drafter, *a, **k)
-    monkeypatch.setattr(speculative, "run_decoding", counting)
+    monkeypatch.setattr(speculative, "decode_prompts", counting)
     return seen
 
 
 def _cut_grid(monkeypatch, at: int, *args) -> None:
     """``decode_grid(*args)`` killed during its ``at``-th decoding run (1 = plain), as a cut device call would."""
-    real, calls = speculative.run_decoding, []
+    real, calls = speculative.decode_prompts, []
 
     def cut(*a, **k):
         calls.append(1)
         if len(calls) == at:
             raise KeyboardInterrupt
         return real(*a, **k)
-    monkeypatch.setattr(speculative, "run_decoding", cut)
+    monkeypatch.setattr(speculative, "decode_prompts", cut)
     with pytest.raises(KeyboardInterrupt):
         decode_grid(*args)
-    monkeypatch.setattr(speculative, "run_decoding", real)
+    monkeypatch.setattr(speculative, "decode_prompts", real)
 
 
 def test_cut_grid_resumes_with_the_missing_runs_only(grid, tmp_path, monkeypatch):

@@ -167,7 +167,7 @@ def test_drafter_without_fc_quantized_loads_in_vllm(tiny32, tmp_path):
     from qdflash.drafter import new_drafter
     from qdflash.drafter_quant import collect_hessians, gptq_drafter, save_packed_drafter
     from qdflash.models import resolve_target
-    from qdflash.vllm_jobs import run_job, vllm_python
+    from qdflash.vllm_jobs import job_in_subprocess, vllm_python
     try:
         vllm_python()
     except FileNotFoundError as e:  # pragma: no cover - CI installs it (make setup-vllm)
@@ -179,19 +179,19 @@ def test_drafter_without_fc_quantized_loads_in_vllm(tiny32, tmp_path):
     p = save_packed_drafter(d, {k: v.scale for k, v in res.items()}, 4, 32, tmp_path / "drafter-w4a16-g32-gptq-nofc")
     keys = set(safe_open(str(p / "model.safetensors"), "pt").keys())
     assert "fc.weight" in keys and "layers.0.mlp.down_proj.weight_packed" in keys
-    r = run_job({"target": str(Path(resolve_target("tiny")).resolve()), "drafter": str(p.resolve()),
+    r = job_in_subprocess({"target": str(Path(resolve_target("tiny")).resolve()), "drafter": str(p.resolve()),
                  "num_speculative_tokens": 3, "prompts": [prompt_ids(tok, "tell me about the moon")], "max_tokens": 8,
                  "dtype": "bfloat16", "max_model_len": 256}, tmp_path, "nofc")
     assert "error" not in r, r.get("error")
     assert len(r["tokens"][0]) == 8 and r["counters"]["vllm:spec_decode_num_drafts"] > 0
     # the same job twice around a plain one, all in one worker process with the engine in-process (stage 05's
-    # run_jobs): each LLM starts after the one before is shut down, and each speculative job gives the separate
+    # jobs_in_one_process): each LLM starts after the one before is shut down, and each speculative job gives the separate
     # process's tokens and counters (none carried over from the first)
-    from qdflash.vllm_jobs import run_jobs
+    from qdflash.vllm_jobs import jobs_in_one_process
     job = {"target": str(Path(resolve_target("tiny")).resolve()), "drafter": str(p.resolve()),
            "num_speculative_tokens": 3, "prompts": [prompt_ids(tok, "tell me about the moon")], "max_tokens": 8,
            "dtype": "bfloat16", "max_model_len": 256}
-    both = run_jobs({"nofc": job, "plain": {**job, "drafter": None}, "nofc2": job}, tmp_path, "both")
+    both = jobs_in_one_process({"nofc": job, "plain": {**job, "drafter": None}, "nofc2": job}, tmp_path, "both")
     for k in ("nofc", "nofc2"):
         assert "error" not in both[k], both[k].get("error")
         assert both[k]["tokens"] == r["tokens"] and both[k]["counters"] == r["counters"]

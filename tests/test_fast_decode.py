@@ -215,7 +215,7 @@ def test_stage_grids_decode_with_the_fast_path_and_fall_back_on_hybrids(tiny32, 
     and gives the eager grid's tokens and acceptance lengths; a hybrid target falls back to eager and says so; an
     unknown decoder is a one-line error."""
     from qdflash import fast_decode
-    from qdflash.speculative import compare_with_plain, run_decoding
+    from qdflash.speculative import compare_with_plain, decode_prompts
     target, tok = tiny32
     drafter = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=2)
     prompts = [prompt_ids(tok, t) for t in PROMPTS]
@@ -262,10 +262,10 @@ def test_stage_grids_decode_with_the_fast_path_and_fall_back_on_hybrids(tiny32, 
     def refuse(_):
         raise ValueError("hybrid")
     monkeypatch.setattr(fast_decode, "check_plain_attention", refuse)
-    _, st = run_decoding(target, prompts[:1], 8, drafter, decoder="fast")
+    _, st = decode_prompts(target, prompts[:1], 8, drafter, decoder="fast")
     assert st["decoder"] == "eager (recurrent target)"
     with pytest.raises(ValueError, match="decoder must be one of"):
-        run_decoding(target, prompts[:1], 8, drafter, decoder="cuda-graphs")
+        decode_prompts(target, prompts[:1], 8, drafter, decoder="cuda-graphs")
 
 
 def test_reduced_draft_vocabulary_fast_equals_eager(tiny32):

@@ -106,7 +106,7 @@ def test_vllm_acceptance_matches_the_reference_per_position(fixture, reference, 
     tokens as plain greedy. The windowed drafter is served twice: with the checkpoint's own window (vLLM reads
     ``use_swa``) and with the plugin's window override at W+1, which must reproduce the reference's drop there."""
     try:
-        from qdflash.vllm_jobs import run_job, vllm_python
+        from qdflash.vllm_jobs import job_in_subprocess, vllm_python
         vllm_python()
     except FileNotFoundError as e:  # pragma: no cover - CI installs it (make setup-vllm)
         pytest.skip(str(e))
@@ -117,7 +117,7 @@ def test_vllm_acceptance_matches_the_reference_per_position(fixture, reference, 
     runs[f"swa5@{W + 1}"] = ("swa5", {"QDFLASH_DFLASH_SWA_WINDOW": str(W + 1)})
     got = {}
     for key, (name, env) in runs.items():
-        r = run_job({**base, "drafter": p[name]}, tmp_path, key.replace("@", "-w"),
+        r = job_in_subprocess({**base, "drafter": p[name]}, tmp_path, key.replace("@", "-w"),
                     {"QDFLASH_VLLM_PLUGIN": "1", **env})
         assert "error" not in r, (key, r.get("error"))
         got[key] = r

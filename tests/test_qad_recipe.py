@@ -44,7 +44,7 @@ def test_packed_twin_and_fake_quant_weights_agree(tmp_path, learn_scale):
 
     from qdflash.qad import save_twin
     base = resolve_target("tiny")
-    ptq = Q.run_ptq(base, "rtn", 32, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    ptq = Q.quantize_ptq(base, "rtn", 32, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
                     [], tmp_path / "rtn")
     student, group, bits = Q.load_fake_quant_model(ptq, base, torch.float32, "jitter", 0, learn_scale=learn_scale,
                                                    scale_dtype=torch.bfloat16)

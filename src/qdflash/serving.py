@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from .decode_stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
-from .vllm_jobs import (all_cores_env, check_servable_drafter, run_job, run_jobs, vllm_env,  # noqa: F401
+from .vllm_jobs import (all_cores_env, check_servable_drafter, job_in_subprocess, jobs_in_one_process, vllm_env,  # noqa: F401
                         vllm_python)
 
 

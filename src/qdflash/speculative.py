@@ -154,7 +154,7 @@ def close_pool(pool: dict) -> None:
     pool.clear()
 
 
-def run_decoding(target, prompts: list[list[int]], max_new_tokens: int, drafter=None, temperature: float = 0.0,
+def decode_prompts(target, prompts: list[list[int]], max_new_tokens: int, drafter=None, temperature: float = 0.0,
                  eos_token_id: int | None = None, window: int | None = None, seed: int = 0,
                  progress: bool = False, desc: str = "decode", decoder: str = "eager",
                  pool: dict | None = None) -> tuple[list[GenResult], dict]:
@@ -208,7 +208,7 @@ def compare_with_plain(target, prompts, max_new_tokens, drafters: dict, temperat
             rs = walker.walk(d, max_new_tokens, win, progress, f"walk {name}")
             st = run_stats(rs, True)
         else:
-            rs, st = run_decoding(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed,
+            rs, st = decode_prompts(target, prompts, max_new_tokens, d, temperature, eos_token_id, win, seed,
                                   progress, name, decoder, pool)
         if on_result is not None:
             on_result(name, rs, st)

@@ -59,7 +59,7 @@ def check_servable_drafter(drafter: str | None) -> None:
                          "dflash method does not read; serve a full-vocabulary drafter (draft_vocab=0)")
 
 
-def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900,
+def job_in_subprocess(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900,
             stream: bool = False) -> dict:
     """One ``qdflash.vllm_worker`` job in the vLLM venv; its output goes to ``work/log-NAME.txt`` (and, with
     ``stream``, the worker's progress lines also to stdout)."""
@@ -86,20 +86,20 @@ def run_job(job: dict, work: Path, name: str, extra_env: dict | None = None, tim
     return json.loads(of.read_text())
 
 
-def run_jobs(jobs: dict[str, dict], work: Path, name: str, extra_env: dict | None = None,
+def jobs_in_one_process(jobs: dict[str, dict], work: Path, name: str, extra_env: dict | None = None,
              timeout_per_job: int = 900) -> dict[str, dict]:
     """Several offline jobs in one ``qdflash.vllm_worker`` process, one after another, the engine in-process
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): vLLM is imported once and no engine-core or worker process is spawned
     per job (``benchmarks/cpu_machine_and_vllm_jobs.py`` times both ways). Every job gets its own ``LLM`` with the
     job's settings. A job the shared worker did not finish (it raised, crashed or timed out) and every job after it
-    run alone with ``run_job``, with a warning; each result says where it ran (``engine``)."""
+    run alone with ``job_in_subprocess``, with a warning; each result says where it ran (``engine``)."""
     for job in jobs.values():
         check_servable_drafter(job.get("drafter"))
     work = Path(work).resolve()
     of = work / f"result-{name}.json"
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(extra_env or {})}
     try:
-        run_job({"mode": "jobs", "jobs": jobs}, work, name, env, timeout=timeout_per_job * len(jobs))
+        job_in_subprocess({"mode": "jobs", "jobs": jobs}, work, name, env, timeout=timeout_per_job * len(jobs))
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"vLLM jobs: the shared worker stopped ({type(e).__name__}); see {work}/log-{name}.txt", flush=True)
     done = json.loads(of.read_text()) if of.exists() else {}
@@ -107,6 +107,6 @@ def run_jobs(jobs: dict[str, dict], work: Path, name: str, extra_env: dict | Non
     for k, j in jobs.items():
         if k not in done:
             print(f"vLLM jobs: {k} runs in its own process", flush=True)
-        out[k] = done[k] if k in done else {**run_job(j, work, f"{name}-{k}", extra_env, timeout=timeout_per_job),
+        out[k] = done[k] if k in done else {**job_in_subprocess(j, work, f"{name}-{k}", extra_env, timeout=timeout_per_job),
                                             "engine": "own process"}
     return out

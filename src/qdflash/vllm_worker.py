@@ -11,10 +11,10 @@ prompts (one batched ``LLM.generate`` each, continuous batching inside); every f
 output of a prompt does not depend on which batch it landed in.
 
 ``mode: "jobs"``: JOB = {jobs: {name: offline job}}; the jobs run one after another in this process, each with its
-own ``LLM`` that is shut down before the next (``serving.run_jobs`` starts it with the engine in-process,
+own ``LLM`` that is shut down before the next (``serving.jobs_in_one_process`` starts it with the engine in-process,
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core or worker process to spawn per job, no second import of vLLM).
 OUT is rewritten (temporary file, then rename) after every job, so a crash keeps the finished ones; the first job
-that raises ends the run (``run_many``).
+that raises ends the run (``all_jobs``).
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def _close(llm) -> None:
     gc.collect()
 
 
-def run_many(job: dict, out_path: str) -> dict:
+def all_jobs(job: dict, out_path: str) -> dict:
     """Stops at the first job that raises: an engine that failed half-way may leave state behind, so that job and
     the ones after it are left out of OUT and the caller runs each alone (its error is then its own)."""
     res: dict = {}
@@ -159,7 +159,7 @@ def _counters(llm) -> dict:
 def main() -> int:
     job = json.loads(open(sys.argv[1]).read())
     if job.get("mode") == "jobs":
-        run_many(job, sys.argv[2])
+        all_jobs(job, sys.argv[2])
         return 0
     try:
         res = regenerate(job) if job.get("mode") == "regenerate" else run(job)

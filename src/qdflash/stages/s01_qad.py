@@ -20,7 +20,7 @@ from ..qad import (
     save_twin,
     train_qad,
 )
-from ..quant import load_fake_quant_model, pack_checkpoint, run_ptq
+from ..quant import load_fake_quant_model, pack_checkpoint, quantize_ptq
 from ..runio import dir_size_bytes, finish_run, start_run, thin, torch_dtype, write_json
 
 
@@ -55,7 +55,7 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
         path = out / nm[method]
         if not (path / "config.json").exists() and main:
             ts = time.time()
-            run_ptq(base, method, cfg.group_size, cfg.quant_targets, calib, path, cfg.gptq_dampening,
+            quantize_ptq(base, method, cfg.group_size, cfg.quant_targets, calib, path, cfg.gptq_dampening,
                     max_seq_len=cfg.seq_len)
             write_json(path / "ptq_meta.json", {"seconds": round(time.time() - ts, 2), "calib": len(calib)})
         if (path / "ptq_meta.json").exists():   # reused artifacts keep the time measured when they were made

