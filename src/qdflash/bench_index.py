@@ -1,6 +1,6 @@
 """The index of ``benchmarks/`` (``benchmarks/manifest.json``; ``benchmarks/README.md`` is its readable form): one
-entry per benchmark folder (the question, its scripts, its files, where the README uses it), and the saved outputs
-the README's generated block shows, in README order. The report code (``results.extra_tables``, ``scaling``) reads
+entry per benchmark folder (the question, its scripts, its files, where the docs use it), and the saved outputs
+the generated results page (``docs/results-<preset>.md``) shows, in page order. The report code (``results.extra_tables``, ``scaling``) reads
 benchmark outputs only through here, never by a path of its own."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def folder(name: str) -> Path:
 
 
 def readme_sections(preset: str) -> list[tuple[str, list[Path]]]:
-    """(section, files it reads) for the README block of ``preset``, in README order; a section is shown where every
+    """(section, files it reads) for ``docs/results-<preset>.md``, in page order; a section is shown where every
     file (or folder) it reads exists."""
     block = manifest()["readme_block"]
     if preset not in block["presets"]:

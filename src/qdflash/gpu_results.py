@@ -1,5 +1,5 @@
-"""Tables from the saved GPU benchmark outputs under ``benchmarks/`` (read only from those files; the README block
-shows them): batch-1 plain and speculative decoding per decoder path (``benchmarks/gpu_fast_decode.py``), the
+"""Tables from the saved GPU benchmark outputs under ``benchmarks/`` (read only from those files;
+``docs/results-smol.md`` shows them): batch-1 plain and speculative decoding per decoder path (``benchmarks/gpu_fast_decode.py``), the
 Qwen3.5-4B-shape projection (``benchmarks/qwen35_projection.py``) and FSDP step runs next to ``memory_plan``'s
 estimate (``benchmarks/fsdp_steps.py``)."""
 from __future__ import annotations
