@@ -24,7 +24,9 @@ def qad_table(qad_dir) -> pd.DataFrame:
     ev, ci = m["eval"], m.get("qad_vs_gptq_kl") or {}
     rows = [{"model": {"teacher": "FP teacher", "rtn": "RTN W4A16", "gptq": "GPTQ W4A16",
                        "qad": "QAD W4A16"}[k], "KL to teacher": v["kl_to_teacher"], "top-1 agreement": v["top1_agreement"],
-             "PPL (assistant)": v["ppl_assistant"], "size MB": v["file_mb"],
+             "PPL (assistant)": v["ppl_assistant"],
+             # the teacher as it would be served (bf16), not its fp32 file: the fair baseline for the INT4 size
+             "size MB (teacher in bf16)": v.get("bf16_mb", v["file_mb"]) if k == "teacher" else v["file_mb"],
              "KL / GPTQ (95% CI, conversations)": (f"{ci['ratio']:.3f} ({ci_text(ci, 'ratio_ci95')})"
                                                    if k == "qad" and ci else "")} for k, v in ev.items()]
     return pd.DataFrame(rows).set_index("model")
@@ -263,11 +265,24 @@ def qad_training_plot(qad_dir):
 
 
 def qad_kl_plot(qad_dir):
+    """Left: KL to the teacher on the held-out conversations per quantized model (a point value: the stage saves no
+    interval per model). Right: QAD's KL over GPTQ's with its paired 95% bootstrap interval over conversations."""
     import matplotlib.pyplot as plt
     import seaborn as sns
+    m = _m(qad_dir)
     df = qad_table(qad_dir)
-    fig, ax = plt.subplots(figsize=(4.5, 3))
-    sns.barplot(data=df.drop(index="FP teacher").reset_index(), x="model", y="KL to teacher", ax=ax)
+    ci = m.get("qad_vs_gptq_kl") or {}
+    fig, axes = plt.subplots(1, 2 if ci else 1, figsize=(7.5 if ci else 4.5, 3), squeeze=False)
+    sns.barplot(data=df.drop(index="FP teacher").reset_index(), x="model", y="KL to teacher", ax=axes[0][0])
+    if ci:
+        ax = axes[0][1]
+        lo, hi = ci["ratio_ci95"]
+        ax.errorbar([0], [ci["ratio"]], yerr=[[ci["ratio"] - lo], [hi - ci["ratio"]]], fmt="o", capsize=6)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([0], ["QAD / GPTQ"])
+        ax.set_xlim(-1, 1)
+        ax.set_ylim(0, max(1.1, hi * 1.1))
+        ax.set_ylabel(f"KL ratio (95% CI, {ci.get('n_conversations', '?')} conversations)")
     fig.tight_layout()
     return fig
 
@@ -300,18 +315,28 @@ def per_position_plot(stage_dir):
 
 
 def tau_speedup_plot(ft_dir):
+    """tau and speedup over plain decoding per drafter and target, each bar with its 95% bootstrap interval over
+    prompts (walked rows ran no verifier: no speedup)."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
-    flat = decoding_table(ft_dir).reset_index()
-    flat = flat[flat.drafter != "plain"]
+    import numpy as np
+    grid = _m(ft_dir)["decoding"]
+    targets = list(grid)
+    drafters = [d for d in next(iter(grid.values())) if d != "plain"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3))
-    sns.barplot(data=flat, x="drafter", y="tau", hue="target", ax=axes[0])
-    sns.barplot(data=flat, x="drafter", y="speedup", hue="target", ax=axes[1])
+    width = 0.8 / max(1, len(targets))
+    for ax, key, ci_key in ((axes[0], "tau", "tau_ci95"), (axes[1], "speedup", "speedup_ci95")):
+        for i, t in enumerate(targets):
+            xs = np.arange(len(drafters)) + (i - (len(targets) - 1) / 2) * width
+            vals = [grid[t][d].get(key) for d in drafters]
+            cis = [grid[t][d].get(ci_key) for d in drafters]
+            ys = [v if v is not None else np.nan for v in vals]
+            err = np.array([[v - c[0], c[1] - v] if v is not None and c else [np.nan, np.nan]
+                            for v, c in zip(vals, cis)]).T
+            ax.bar(xs, ys, width, yerr=err, capsize=3, label={"fp": "FP32", "qad": "QAD W4A16"}.get(t, t))
+        ax.set_xticks(range(len(drafters)), drafters)
+        ax.set_ylabel(f"{key} (95% CI, prompts)")
     axes[1].axhline(1.0, color="k", lw=0.8)
-    if axes[0].get_legend() is not None:      # one legend, outside the bars
-        axes[0].get_legend().remove()
-    if axes[1].get_legend() is not None:
-        sns.move_legend(axes[1], "upper left", bbox_to_anchor=(1.01, 1), title="target")
+    axes[1].legend(title="target", bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
     return fig
 
