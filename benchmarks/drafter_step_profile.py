@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=0, help="override the preset's batch size")
     ap.add_argument("--ce-chunk", type=int, default=-1, help="override the preset's ce_chunk (-1: keep)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="a reduced draft vocabulary of N tokens")
+    ap.add_argument("--compile-features", action="store_true",
+                    help="the target's feature forward padded to one shape and compiled (CUDA graphs)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the target and drafter forwards (dynamic)")
     ap.add_argument("--loop-steps", type=int, default=60, help="steps of train_drafter itself, timed")
     args = ap.parse_args()
@@ -47,6 +49,8 @@ def main() -> None:
     over = {"batch_size": args.batch} if args.batch else {}
     if args.ce_chunk >= 0:
         over["ce_chunk"] = args.ce_chunk
+    if args.compile_features:
+        over["compile_features"] = True
     cfg = load_config(DrafterConfig, args.preset, **over)
     if args.synthetic:
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -65,7 +69,8 @@ def main() -> None:
             p, r = int(torch.randint(30, 95, (1,), generator=g)), int(torch.randint(60, 225, (1,), generator=g))
             rows.append({"input_ids": torch.randint(0, 49152, (p + r,), generator=g).tolist(),
                          "loss_mask": [0] * p + [1] * r, "prompt_len": p})
-        feats = OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len)
+        feats = OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len,
+                               **({"static": True} if args.compile_features else {}))   # older trees: no static
         mask_id = 0
     else:
         spec = json.load(open(f"{args.data}/config.json"))["target"]

@@ -58,3 +58,24 @@ def test_online_features_equal_the_batch_computed_ones(tiny_pipeline, one_thread
     assert of.computed_rows == 3
     with pytest.raises(KeyError):                               # a row outside the prefetched batch
         of[0]
+
+
+@pytest.mark.slow
+def test_static_compiled_online_features_equal_the_eager_ones():
+    """OnlineFeatures(static=True): batches padded to one shape and the target forward compiled give each row the
+    eager per-batch features (the target is causal: the padding after a row changes none of its features)."""
+    import torch
+
+    from qdflash.features import OnlineFeatures
+    from qdflash.models import load_model
+    tgt = load_model("tiny", "float32")
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(4, 300, (n,), generator=g).tolist()} for n in (12, 30, 7, 25, 40)]
+    eager, static = OnlineFeatures(tgt, rows, (0, 2), 32), OnlineFeatures(tgt, rows, (0, 2), 32, static=True)
+    for idx in ([0, 1, 2], [3, 4], [1, 4, 0]):          # a smaller batch after a larger one reuses the shape
+        eager.prefetch(idx)
+        static.prefetch(idx)
+        for i in idx:
+            assert static[i].shape == eager[i].shape == (min(32, len(rows[i]["input_ids"])), eager[i].shape[1])
+            torch.testing.assert_close(static[i], eager[i], rtol=1e-4, atol=1e-4)
+    assert static.computed_rows == eager.computed_rows == 8

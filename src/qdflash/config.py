@@ -118,6 +118,8 @@ class DrafterConfig:
     save_every: int = 100           # resumable checkpoint every N steps (and at each epoch end)
     micro_batch_size: int = 0       # rows per forward under torchrun (gradient accumulation to batch_size); 0: batch/N
     feature_cache: bool = True      # target features from the on-disk cache; False: a target forward per batch
+    compile_features: bool = False  # with feature_cache off: the per-batch target forward padded to one shape and
+                                    # compiled (CUDA graphs on a GPU; features.OnlineFeatures static=True)
     train_window: int | None = None # train with the drafter sliding window W (block position k sees the last W-1-k
                                     # context tokens, vLLM's rule); the checkpoint then says use_swa / swa_window_size
     decoder: str = "eager"          # the evaluation grid's decoder: "eager" | "fast" (static caches) | "graphs" (CUDA

@@ -38,7 +38,7 @@ def stage_features(target, target_dir: str, rows: list[dict], cfg: DrafterConfig
     per batch when ``cfg.feature_cache`` is off."""
     from .features import OnlineFeatures, cached_features
     if not cfg.feature_cache:
-        return OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len)
+        return OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len, static=cfg.compile_features)
     return distributed.main_first(lambda: cached_features(target, target_dir, rows, cfg.target_layer_ids, cfg.max_len,
                                                           cfg.dtype, progress=progress))
 

@@ -171,17 +171,48 @@ class OnlineFeatures:
     """Features computed per training batch by the target's forward and never stored: for a GPU, where one forward
     of a small target costs less than reading its features back, or a data set whose cache would not fit on disk
     (bf16 features take ``n_layers * hidden * 2`` bytes a token: 5.8 KB for ``smol``, 50 GB for 24K conversations
-    of 360 tokens). ``prefetch(idx)`` computes one batch; ``store[i]`` then returns row ``i`` of it."""
+    of 360 tokens). ``prefetch(idx)`` computes one batch; ``store[i]`` then returns row ``i`` of it.
+
+    ``static=True`` (``DrafterConfig.compile_features``): every batch is right-padded to ``max_len`` rows x the
+    largest batch seen (the target is causal: padding after a row changes none of its features) and the target's
+    forward is ``torch.compile``d for that one shape (mode ``reduce-overhead``: CUDA graphs on a GPU), so that a
+    step no longer waits on the host launching the eager forward's kernels one by one (measured: the drafter step is
+    host-bound, benchmarks/smol-gpu-xl/run-1206b-h100)."""
     path = None
 
-    def __init__(self, target, rows: list[dict], layer_ids, max_len: int):
+    def __init__(self, target, rows: list[dict], layer_ids, max_len: int, static: bool = False):
         self.target, self.rows, self.layer_ids, self.max_len = target, rows, tuple(layer_ids), max_len
-        self.computed_rows, self._cur = 0, {}
+        self.computed_rows, self._cur, self.static = 0, {}, bool(static)
+        self._fwd, self._width = None, 0
+
+    def _static_forward(self, ids: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        from .drafter import target_features
+        if self._fwd is None:
+            def fwd(i, a):
+                hs = self.target(input_ids=i, attention_mask=a, output_hidden_states=True, logits_to_keep=1).hidden_states
+                return target_features(hs, self.layer_ids)
+            self._fwd = torch.compile(fwd, mode="reduce-overhead", dynamic=False)
+        return self._fwd(ids, att).clone()       # the graph's output buffer is reused by its next replay
 
     def prefetch(self, idx: list[int]) -> None:
-        with torch.no_grad():
-            feats = compute_features(self.target, [self.rows[i] for i in idx], self.layer_ids, self.max_len,
-                                     bs=len(idx), on_device=True)
+        if not self.static:
+            with torch.no_grad():
+                feats = compute_features(self.target, [self.rows[i] for i in idx], self.layer_ids, self.max_len,
+                                         bs=len(idx), on_device=True)
+        else:
+            self._width = max(self._width, len(idx))
+            dev = self.target.device
+            ids = torch.zeros((self._width, self.max_len), dtype=torch.long)
+            att = torch.zeros((self._width, self.max_len), dtype=torch.long)
+            lens = []
+            for r, i in enumerate(idx):
+                x = self.rows[i]["input_ids"][: self.max_len]
+                ids[r, : len(x)] = torch.tensor(x)
+                att[r, : len(x)] = 1
+                lens.append(len(x))
+            with torch.no_grad():
+                f = self._static_forward(ids.to(dev), att.to(dev))
+            feats = [f[r, :n] for r, n in enumerate(lens)]
         self._cur = dict(zip(idx, feats))
         self.computed_rows += len(idx)
 
