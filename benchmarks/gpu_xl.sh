@@ -25,10 +25,11 @@ if [ "$PHASE" = setup ]; then
   $P --ce-chunk 4096 --out $O/step-chunk.json --trace $O/trace-chunk.txt > $O/log-step-chunk.txt 2>&1
   $P --ce-chunk 0 --out $O/step-nochunk.json > $O/log-step-nochunk.txt 2>&1
   $P --ce-chunk 4096 --draft-vocab 8192 --out $O/step-vocab8k.json > $O/log-step-vocab8k.txt 2>&1
+  timeout 240 $P --ce-chunk 4096 --compile-features --out $O/step-cfeat.json > $O/log-step-cfeat.txt 2>&1
   [ -n "${XL_COMPILE:-}" ] && timeout 150 $P --ce-chunk 4096 --compile --out $O/step-compile.json > $O/log-step-compile.txt 2>&1
   python3 - <<'PY'
 import json, os
-for n in ("base", "chunk", "nochunk", "vocab8k", "compile"):
+for n in ("base", "chunk", "nochunk", "vocab8k", "cfeat", "compile"):
     f = f"/tmp/o/step-{n}.json"
     if os.path.exists(f):
         d = json.load(open(f))
