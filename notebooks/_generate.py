@@ -4,7 +4,8 @@
     python notebooks/_generate.py            # rewrite the notebooks
     python notebooks/_generate.py --check    # exit 1 if a committed notebook differs from what this writes
 
-The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
+Notebooks that walk their stage step by step (02_drafter_pretrain, 03_drafter_finetune; issue 36) are written
+by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
 leaves them unchanged and an executed checkout stays clean.
 """
 import sys
@@ -49,34 +50,6 @@ KL to the teacher, top-1 agreement, perplexity and size of each model.""", [
         ("Held-out selection KL every few steps (step 0 is the GPTQ start; the best step is kept) and the share of "
          "INT4 codes that moved:", "qad_training_plot(res.out_dir);"),
         ("Held-out comparison against the FP teacher:", "qad_table(res.out_dir)"),
-    ]),
-    "02_drafter_pretrain": ("02_drafter_pretrain", """# 02 DFlash drafter pretraining
-
-A DFlash drafter is a few Qwen3 layers that read hidden states from selected target layers (injected as K/V)
-and fill a block `[anchor, MASK x (B-1)]` in one forward pass. Here it is trained against the
-**full-precision** target on the regenerated data (loss decaying over block positions).
-
-**Look at:** the training loss (it should fall steadily) and the final accuracy on supervised block
-positions.""", [
-        ("Training loss per step:", "from qdflash.figures import training_curves\n\ntraining_curves(res.out_dir);"),
-        ("Summary:", "import pandas as pd\n\npd.Series(res.metrics['train']).drop('curve')"),
-    ]),
-    "03_drafter_finetune": ("03_drafter_finetune", """# 03 Drafter finetune on the QAD target
-
-The **two-stage** drafter finetunes the pretrained one against the QAD target (its dense twin); the **direct**
-ablation trains a new drafter on the QAD target for the same total epochs. The lossless reference decoder then
-runs the two-stage drafter with the full-precision and the QAD target on held-out prompts; the other drafters (and
-an untrained one) are measured by teacher forcing along the plain greedy outputs (`measured by: walk`), which gives
-the decoder's accept lengths without running the verifier, so those rows have no tokens/s or speedup.
-
-**Look at:** tau (mean acceptance length, bonus counted) with its 95% interval over prompts, the acceptance
-rate per draft position, `greedy mismatches`, which must be 0 (speculation never changes greedy output), and
-`walk = decoder`: the prompts on which the walk of the decoded drafter gave the decoder's accept lengths.""", [
-        ("Training loss of the two-stage finetune and the direct ablation:",
-         "from qdflash.figures import decoding_table, per_position_plot, training_curves\n\n"
-         "training_curves(res.out_dir);"),
-        ("Acceptance per draft position (bands: 95% interval over prompts):", "per_position_plot(res.out_dir);"),
-        ("The decoding grid:", "decoding_table(res.out_dir)"),
     ]),
     "04_drafter_quant": ("04_drafter_quant", """# 04 Drafter quantization and sliding-window attention
 

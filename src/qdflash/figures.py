@@ -330,7 +330,8 @@ def tau_speedup_plot(ft_dir):
             vals = [grid[t][d].get(key) for d in drafters]
             cis = [grid[t][d].get(ci_key) for d in drafters]
             ys = [v if v is not None else np.nan for v in vals]
-            err = np.array([[v - c[0], c[1] - v] if v is not None and c else [np.nan, np.nan]
+            # a value outside its saved interval (a stage that recomputed one but not the other) draws no whisker there
+            err = np.array([[max(0.0, v - c[0]), max(0.0, c[1] - v)] if v is not None and c else [np.nan, np.nan]
                             for v, c in zip(vals, cis)]).T
             ax.bar(xs, ys, width, yerr=err, capsize=3, label={"fp": "FP32", "qad": "QAD W4A16"}.get(t, t))
         ax.set_xticks(range(len(drafters)), drafters)
