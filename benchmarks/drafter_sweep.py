@@ -3,7 +3,8 @@ import sys, time, json, torch
 from qdflash.config import load_config, default_gamma, DrafterConfig
 from qdflash.data import load_split
 from qdflash.drafter import new_drafter
-from qdflash.drafter_train import precompute_features, make_batch, drafter_loss, _lr
+from qdflash.drafter_train import precompute_features, make_batch, drafter_loss
+from qdflash.training import lr_at
 from qdflash.models import load_model, load_tokenizer, mask_token_id
 runs, out = sys.argv[1], sys.argv[2]
 variants = json.loads(sys.argv[3])
@@ -41,7 +42,7 @@ for v in variants:
         gen = torch.Generator().manual_seed(ep); order = torch.randperm(len(tr), generator=gen).tolist()
         for s in range(spe):
             bt = make_batch(tr, ftr, order[s * cfg.batch_size:(s + 1) * cfg.batch_size], cfg, mid, gen, g)
-            for gr in opt.param_groups: gr["lr"] = _lr(step, total, cfg.warmup_frac, cfg.lr)
+            for gr in opt.param_groups: gr["lr"] = lr_at(step, total, cfg.warmup_frac, cfg.lr)
             loss, info = drafter_loss(d, E, H, bt); opt.zero_grad(); loss.backward()
             torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0); opt.step(); step += 1
         if ep in (0, cfg.epochs // 2, cfg.epochs - 1) or cfg.epochs <= 6:
