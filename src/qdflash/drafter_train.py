@@ -138,7 +138,7 @@ def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
     pin = dev.type == "cuda"
     batch = {k: (v.contiguous().pin_memory() if pin and v.device.type == "cpu" else v).to(dev, non_blocking=True)
              for k, v in batch.items()}
-    sel = batch["sup_idx"] if "sup_idx" in batch else (batch["weights"].reshape(-1) > 0).nonzero().squeeze(1)
+    sel = batch["sup_idx"]
     labels = batch["labels"].reshape(-1).index_select(0, sel)
     w = batch["weights"].reshape(-1).index_select(0, sel)
     with torch.autocast(dev.type, dtype=compute_dtype or dt, enabled=compute_dtype is not None):
@@ -159,7 +159,8 @@ def drafter_loss(drafter: DFlashDraftModel, embed, lm_head, batch: dict,
     return loss, {"acc": hits.float() / max(1, len(sel)), "n_sup": int(len(sel))}
 
 
-def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mask_id, gen, gamma) -> tuple[float, dict]:
+def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mask_id, gen, gamma,
+                         t2d: torch.Tensor | None) -> tuple[float, dict]:
     """The forwards and backwards of one data-parallel step (``distributed``): every rank draws the anchors of the
     whole global batch (its generator advances as in one process), builds only its own micro-batches, and divides
     each weighted CE sum by the global batch's weight sum. Returns the global loss, accuracy and supervised count."""
@@ -167,7 +168,6 @@ def _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mas
     slices = dp.micro_slices(len(idx), cfg.micro_batch_size)
     if hasattr(feats, "prefetch"):
         feats.prefetch([i for sl in slices for i in idx[sl]])
-    t2d = target_to_draft(drafter, int(drafter.config.vocab_size))
     parts = [make_batch(rows, feats, idx[sl], cfg, mask_id, gen, gamma, drawn[sl], t2d) for sl in slices]
     denom = dp.all_sum([sum(float(b["weights"][b["weights"] > 0].sum()) for b in parts)])[0] + 1e-6
     infos: list[dict] = []
@@ -277,7 +277,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
             else:
                 opt.zero_grad(set_to_none=True)
                 loss, info = _dp_forward_backward(dp, drafter, embed, lm_head, rows, feats, idx, cfg, mask_id, gen,
-                                                  gamma)
+                                                  gamma, t2d)
                 gn = dp.clip_grad_norm(list(drafter.parameters()), cfg.grad_clip)
             opt.step()
             step += 1
