@@ -93,32 +93,41 @@ class FeatureStore:
         return torch.from_numpy(np.array(self._maps[s][a:b])).view(torch.bfloat16)
 
 
+def right_padded(seqs: list[list[int]], n_rows: int | None = None, width: int | None = None):
+    """(ids, attention mask) [n_rows, width] long with ``seqs`` right-padded (defaults: as many rows as ``seqs``, the
+    longest one's length). The target is causal, so padding after a row never changes its features (up to
+    batched-matmul rounding)."""
+    n_rows, width = n_rows or len(seqs), width or max(len(x) for x in seqs)
+    ids = torch.zeros((n_rows, width), dtype=torch.long)
+    att = torch.zeros((n_rows, width), dtype=torch.long)
+    for r, x in enumerate(seqs):
+        ids[r, : len(x)] = torch.tensor(x)
+        att[r, : len(x)] = 1
+    return ids, att
+
+
+def forward_features(target, ids: torch.Tensor, att: torch.Tensor, layer_ids) -> torch.Tensor:
+    """The concatenated hidden states at ``layer_ids`` (``drafter.target_features``) of one padded batch.
+    logits_to_keep=1: the features are hidden states; the full-vocabulary logits of every position (49K x tokens for
+    smol) would be computed and written only to be dropped."""
+    from .drafter import target_features
+    hs = target(input_ids=ids, attention_mask=att, output_hidden_states=True, logits_to_keep=1).hidden_states
+    return target_features(hs, layer_ids)
+
+
 @torch.no_grad()
 def compute_features(target, rows: list[dict], layer_ids, max_len: int, bs: int = 8,
                      progress: bool = False, on_device: bool = False) -> list[torch.Tensor]:
     """Target features of ``rows``' first ``max_len`` tokens, in the target's dtype (on the CPU unless
-    ``on_device``). Rows are batched
-    with *right* padding by similar length: the target is causal, so padding after a row never changes its features
-    (up to batched-matmul rounding)."""
+    ``on_device``). Rows are batched with *right* padding by similar length (``right_padded``)."""
     from tqdm.auto import tqdm
-
-    from .drafter import target_features
     out: list = [None] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     for b in tqdm(range(0, len(order), bs), desc="target features", disable=not progress):
         idx = order[b: b + bs]
         seqs = [rows[i]["input_ids"][:max_len] for i in idx]
-        width = max(len(x) for x in seqs)
-        ids = torch.zeros((len(seqs), width), dtype=torch.long)
-        att = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, x in enumerate(seqs):
-            ids[r, : len(x)] = torch.tensor(x)
-            att[r, : len(x)] = 1
-        # logits_to_keep=1: the features are hidden states; the full-vocabulary logits of every position (49K x
-        # tokens for smol) would be computed and written only to be dropped
-        hs = target(input_ids=ids.to(target.device), attention_mask=att.to(target.device),
-                    output_hidden_states=True, logits_to_keep=1).hidden_states
-        f = target_features(hs, layer_ids)
+        ids, att = right_padded(seqs)
+        f = forward_features(target, ids.to(target.device), att.to(target.device), layer_ids)
         f = f if on_device else f.cpu()
         for r, i in enumerate(idx):
             out[i] = f[r, : len(seqs[r])].clone()
@@ -173,8 +182,8 @@ class OnlineFeatures:
     (bf16 features take ``n_layers * hidden * 2`` bytes a token: 5.8 KB for ``smol``, 50 GB for 24K conversations
     of 360 tokens). ``prefetch(idx)`` computes one batch; ``store[i]`` then returns row ``i`` of it.
 
-    ``static=True`` (``DrafterConfig.compile_features``): every batch is right-padded to ``max_len`` rows x the
-    largest batch seen (the target is causal: padding after a row changes none of its features) and the target's
+    ``static=True`` (``DrafterConfig.compile_features``): every batch is right-padded to the largest batch seen x
+    ``max_len`` tokens (``right_padded``; the target is causal: padding after a row changes none of its features) and the target's
     forward is ``torch.compile``d for that one shape (mode ``reduce-overhead``: CUDA graphs on a GPU), so that a
     step no longer waits on the host launching the eager forward's kernels one by one (measured: the drafter step is
     host-bound, benchmarks/smol-gpu-xl/run-1206b-h100)."""
@@ -185,34 +194,21 @@ class OnlineFeatures:
         self.computed_rows, self._cur, self.static = 0, {}, bool(static)
         self._fwd, self._width = None, 0
 
-    def _static_forward(self, ids: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
-        from .drafter import target_features
-        if self._fwd is None:
-            def fwd(i, a):
-                hs = self.target(input_ids=i, attention_mask=a, output_hidden_states=True, logits_to_keep=1).hidden_states
-                return target_features(hs, self.layer_ids)
-            self._fwd = torch.compile(fwd, mode="reduce-overhead", dynamic=False)
-        return self._fwd(ids, att).clone()       # the graph's output buffer is reused by its next replay
-
     def prefetch(self, idx: list[int]) -> None:
-        if not self.static:
-            with torch.no_grad():
+        with torch.no_grad():
+            if not self.static:
                 feats = compute_features(self.target, [self.rows[i] for i in idx], self.layer_ids, self.max_len,
                                          bs=len(idx), on_device=True)
-        else:
-            self._width = max(self._width, len(idx))
-            dev = self.target.device
-            ids = torch.zeros((self._width, self.max_len), dtype=torch.long)
-            att = torch.zeros((self._width, self.max_len), dtype=torch.long)
-            lens = []
-            for r, i in enumerate(idx):
-                x = self.rows[i]["input_ids"][: self.max_len]
-                ids[r, : len(x)] = torch.tensor(x)
-                att[r, : len(x)] = 1
-                lens.append(len(x))
-            with torch.no_grad():
-                f = self._static_forward(ids.to(dev), att.to(dev))
-            feats = [f[r, :n] for r, n in enumerate(lens)]
+            else:
+                self._width = max(self._width, len(idx))
+                if self._fwd is None:
+                    self._fwd = torch.compile(forward_features, mode="reduce-overhead", dynamic=False)
+                dev = self.target.device
+                seqs = [self.rows[i]["input_ids"][: self.max_len] for i in idx]
+                ids, att = right_padded(seqs, self._width, self.max_len)
+                # clone: the graph's output buffer is reused by its next replay
+                f = self._fwd(self.target, ids.to(dev), att.to(dev), self.layer_ids).clone()
+                feats = [f[r, : len(x)] for r, x in enumerate(seqs)]
         self._cur = dict(zip(idx, feats))
         self.computed_rows += len(idx)
 
