@@ -163,6 +163,12 @@ def qad_profile(path: str | Path) -> dict:
             "rest_s": total_s - mm_s}
 
 
+def _tau_by_source_text(decoded: dict) -> str:
+    """"chat 1.87 (1.77-1.99, 51 prompts), ..." from a drafter's ``by_source`` (benchmarks/drafter_tau_by_source.py)."""
+    return ", ".join(f"{k} {v['tau']:.2f} ({v['tau_ci95'][0]:.2f}-{v['tau_ci95'][1]:.2f}, {v['prompts']} prompts)"
+                     for k, v in decoded["by_source"].items())
+
+
 def gpu_xl_summary(run_dir: str | Path) -> str:
     """Markdown lines for a ``smol-gpu-xl`` GPU run (``benchmarks/gpu_xl.sh``): regeneration against transformers
     with the roofline, stage 00's data, the drafter step, the decoded tau by source. Every number read from its JSON."""
@@ -193,8 +199,7 @@ def gpu_xl_summary(run_dir: str | Path) -> str:
     if (d / "metrics-02_drafter_pretrain.json").exists() and (d / "tau-pretrain-fp.json").exists():
         m2, t = rd("metrics-02_drafter_pretrain.json"), rd("tau-pretrain-fp.json")
         tr, pre = m2["train"], t["drafters"]["pretrain"]
-        src = ", ".join(f"{k} {v['tau']:.2f} ({v['tau_ci95'][0]:.2f}-{v['tau_ci95'][1]:.2f}, {v['prompts']} prompts)"
-                        for k, v in pre["by_source"].items())
+        src = _tau_by_source_text(pre)
         lines.append(f"- Stage 02 at {tr['epochs']} epoch ({tr['steps']:,} steps, {tr['train_s']:.0f} s; one seed): the "
                      f"pretrained drafter on the FP target decodes at tau {pre['tau']:.3f} "
                      f"({pre['tau_ci95'][0]:.3f}-{pre['tau_ci95'][1]:.3f}) on {t['prompts']} held-out real prompts x "
@@ -239,8 +244,7 @@ def gpu_xl_training_summary(run_dir: str | Path, earlier_run: str | Path) -> str
     tr = m2["train"]
     t = rd(d / "tau-pretrain-fp.json")
     pre = t["drafters"]["pretrain"]
-    src = ", ".join(f"{k} {v['tau']:.2f} ({v['tau_ci95'][0]:.2f}-{v['tau_ci95'][1]:.2f}, {v['prompts']} prompts)"
-                    for k, v in pre["by_source"].items())
+    src = _tau_by_source_text(pre)
     batch = m0["n_train"] * tr["epochs"] // tr["steps"]     # the run's --set batch_size (stage 03's config.json overwrote 02's)
     ga, gb = rd(d / "tau-pretrain-fp.grid.json"), rd(e / "tau-pretrain-fp.grid.json")
     pb = paired_bootstrap(results_from_json(ga["results"]["pretrain"]), results_from_json(gb["results"]["pretrain"]))
