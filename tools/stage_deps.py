@@ -106,18 +106,13 @@ def stage_sources(stage: str, src: Path = SRC, entry: str = "qdflash.pipeline") 
     return seen
 
 
+RULE = re.compile(r"^\$\(RUNS\)/(\w+)/metrics\.json\s*:(?!=)(.*)$")    # a stage rule's header line
+
+
 def makefile_prereqs(makefile: Path = REPO / "Makefile") -> dict[str, list[str]]:
     """Normal (not order-only) prerequisites of every ``$(RUNS)/<stage>/metrics.json`` target."""
     text = makefile.read_text().replace("\\\n", " ")
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^\$\(RUNS\)/(\w+)/metrics\.json\s*:(?!=)(.*)$", line)
-        if m:
-            out[m.group(1)] = m.group(2).split("|")[0].split()
-    return out
-
-
-RULE = re.compile(r"^\$\(RUNS\)/(\w+)/metrics\.json\s*:(?!=)")
+    return {m.group(1): m.group(2).split("|")[0].split() for m in map(RULE.match, text.splitlines()) if m}
 
 
 def stage_rule(stage: str, old: list[str], src: Path = SRC) -> list[str]:
@@ -175,7 +170,7 @@ def main() -> int:
             print("Makefile stage prerequisites differ from the imports: run `make deps`")
             return 1
     else:
-        for stage, toks in makefile_prereqs().items():
+        for stage in makefile_prereqs():
             print(stage, " ".join(sorted(str(p.relative_to(REPO)) for p in stage_sources(stage))))
     return 0
 
