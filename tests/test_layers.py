@@ -1,41 +1,35 @@
 """The package's floors, from its imports (static AST parse, lazy imports inside functions included): no import
 circles, no private name imported from another module, and the method library never imports orchestration
-(pipeline, CLI) or report code (tables, figures, README block, cards)."""
+(pipeline, CLI) or report code (tables, figures, README block, cards). Imports are resolved by the same code that
+writes the Makefile's stage prerequisites (tools/stage_deps.py)."""
 import ast
+import sys
 from pathlib import Path
 
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC.parent / "tools"))
+from stage_deps import imported_names  # noqa: E402
 
-PKG = Path(__file__).resolve().parents[1] / "src" / "qdflash"
 REPORT = {"results", "figures", "scaling", "cards", "gpu_results", "bench_index", "compare"}
 ORCHESTRATION = {"pipeline", "cli", "dryrun", "bench"}
 
 
-def import_graph(pkg: Path = PKG) -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+def import_graph(src: Path = SRC, pkg: str = "qdflash") -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
     """{module: modules of the package it imports} (dotted below the package: ``stages.s00_data``), and
-    (module, from, name) for every private name imported from another module."""
-    files = {".".join(p.relative_to(pkg).with_suffix("").parts): p for p in pkg.rglob("*.py")}
-    files = {k.removesuffix(".__init__"): v for k, v in files.items()}
+    (module, from, name) for every private name imported from another module of the package."""
+    def short(dotted: str) -> str:
+        return dotted.removeprefix(pkg + ".").removesuffix(".__init__")
+    files = {".".join(p.relative_to(src).with_suffix("").parts): p for p in (src / pkg).rglob("*.py")}
+    known = {short(m) for m in files}
     edges, private = {}, []
     for mod, p in files.items():
-        package = mod.split(".")[:-1] if not p.name == "__init__.py" else mod.split(".")
         out = set()
         for n in ast.walk(ast.parse(p.read_text())):
-            targets = []
-            if isinstance(n, ast.ImportFrom):
-                if n.level:
-                    base = package[: len(package) - (n.level - 1)] + ((n.module or "").split(".") if n.module else [])
-                elif (n.module or "").split(".")[0] == "qdflash":
-                    base = n.module.split(".")[1:]
-                else:
-                    continue
-                base = ".".join(b for b in base if b)
-                targets = [base] if base in files else []
-                targets += [f"{base}.{a.name}".lstrip(".") for a in n.names if f"{base}.{a.name}".lstrip(".") in files]
-                private += [(mod, base, a.name) for a in n.names if a.name.startswith("_")]
-            elif isinstance(n, ast.Import):
-                targets = [a.name.removeprefix("qdflash.") for a in n.names if a.name.startswith("qdflash.")]
-            out |= {t for t in targets if t in files}
-        edges[mod] = out - {mod}
+            names = [short(d) for d in imported_names(n, mod) if d.split(".")[0] == pkg]
+            out |= {d for d in names if d in known}
+            if isinstance(n, ast.ImportFrom) and names:
+                private += [(short(mod), names[0], a.name) for a in n.names if a.name.startswith("_")]
+        edges[short(mod)] = out - {short(mod)}
     return edges, private
 
 
@@ -91,11 +85,11 @@ def test_the_library_imports_no_report_or_orchestration_code():
 def test_stage_modules_alone_open_and_close_run_directories():
     """Only the stage modules (and the figures stage's report side, none) call runio.start_run / finish_run."""
     callers = set()
-    for p in PKG.rglob("*.py"):
+    for p in (SRC / "qdflash").rglob("*.py"):
         t = ast.parse(p.read_text())
         if any(isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) in
                ("start_run", "finish_run") for n in ast.walk(t)):
-            callers.add(".".join(p.relative_to(PKG).with_suffix("").parts))
+            callers.add(".".join(p.relative_to(SRC / "qdflash").with_suffix("").parts))
     assert callers and all(c.startswith("stages.s0") for c in callers), sorted(callers)
     assert len(callers) == 8
 
@@ -107,9 +101,11 @@ def test_report_code_imports_no_orchestration():
 
 
 def test_the_checks_catch_a_circle_and_a_private_import(tmp_path):
-    (tmp_path / "a.py").write_text("from .b import x\n")
-    (tmp_path / "b.py").write_text("def f():\n    from .c import _y\n")
-    (tmp_path / "c.py").write_text("from qdflash.a import z\n")
+    pkg = tmp_path / "qdflash"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from .c import _y\n")
+    (pkg / "c.py").write_text("from qdflash.a import z\n")
     edges, private = import_graph(tmp_path)
     assert cycles(edges) == [["a", "b", "c"]]
     assert private == [("b", "c", "_y")]

@@ -38,7 +38,7 @@ def _module_file(src: Path, dotted: str) -> list[Path]:
     return out
 
 
-def _imports(node, module: str) -> list[str]:
+def imported_names(node, module: str) -> list[str]:
     """Dotted names an Import/ImportFrom node in ``module`` (``pkg.__init__`` for a package) brings in."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -91,7 +91,7 @@ def stage_sources(stage: str, src: Path = SRC, entry: str = "qdflash.pipeline") 
     seen = set(_module_file(src, entry))
     todo = []
     for node in _reachable_nodes(tree.body, stage):
-        todo += _imports(node, entry)
+        todo += imported_names(node, entry)
         if not isinstance(node, (ast.FunctionDef, ast.If)):
             todo += _strings(node)
     while todo:
@@ -102,7 +102,7 @@ def stage_sources(stage: str, src: Path = SRC, entry: str = "qdflash.pipeline") 
             seen.add(f)
             module = ".".join(f.relative_to(src).with_suffix("").parts)
             t = ast.parse(f.read_text())
-            todo += [d for n in ast.walk(t) for d in _imports(n, module)] + _strings(t)
+            todo += [d for n in ast.walk(t) for d in imported_names(n, module)] + _strings(t)
     return seen
 
 
