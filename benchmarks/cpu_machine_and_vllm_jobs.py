@@ -27,7 +27,7 @@ from qdflash.config import DrafterConfig, load_config
 from qdflash.drafter_train import eval_prompts
 from qdflash.models import resolve_target
 from qdflash.runio import git_sha, write_json
-from qdflash.serving import job_in_subprocess, jobs_in_one_process
+from qdflash.vllm_jobs import job_in_subprocess, jobs_in_one_process
 
 
 def machine(n: int = 2048, reps: int = 5) -> dict:

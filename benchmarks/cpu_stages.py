@@ -57,7 +57,7 @@ def interleaved(setups: dict, reps: int) -> dict[str, float]:
 
 
 def regeneration(rows, tok, n_prompts: int, new_tokens: int) -> dict:
-    from qdflash.serving import job_in_subprocess
+    from qdflash.vllm_jobs import job_in_subprocess
     prompts = [r["input_ids"][: r["prompt_len"]] for r in rows[:n_prompts]]
     cfg = load_config(DataConfig, "smol", max_new_tokens=new_tokens, batch_size=32, dtype="float32", backend="hf")
     model = load_model("smol", "float32")

@@ -54,7 +54,8 @@ def main() -> int:
 
     from qdflash.models import load_model, resolve_target
     from qdflash.runio import read_json, write_json
-    from qdflash.serving import mismatch_causes, job_in_subprocess, vllm_acceptance_ci
+    from qdflash.serving import mismatch_causes, vllm_acceptance_ci
+    from qdflash.vllm_jobs import job_in_subprocess
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")
     qad = str((runs / "01_qad" / qm["names"]["qad"]).resolve())

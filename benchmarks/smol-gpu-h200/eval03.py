@@ -4,7 +4,8 @@ from qdflash.drafter import load_drafter
 from qdflash.drafter_train import eval_prompts
 from qdflash.models import load_model, load_tokenizer, resolve_target
 from qdflash.runio import read_json
-from qdflash.speculative import compare_with_plain, results_to_json
+from qdflash.decode_stats import results_to_json
+from qdflash.speculative import compare_with_plain
 import torch
 R = Path("/tmp/runs-smol-gpu"); which = sys.argv[1]; out = Path(sys.argv[2])
 qm = read_json(R / "01_qad/metrics.json"); ft = R / "03_drafter_finetune"

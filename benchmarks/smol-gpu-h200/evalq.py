@@ -4,7 +4,8 @@ from qdflash.drafter import load_drafter
 from qdflash.drafter_train import eval_prompts
 from qdflash.models import load_model, load_tokenizer
 from qdflash.runio import read_json
-from qdflash.speculative import generate, acceptance_stats, results_to_json
+from qdflash.decode_stats import acceptance_stats, results_to_json
+from qdflash.speculative import generate
 import torch
 R = Path("/tmp/runs-smol-gpu"); out = Path(sys.argv[1])
 qm = read_json(R / "01_qad/metrics.json"); tspec = str(R / "01_qad" / qm["names"]["twin"])

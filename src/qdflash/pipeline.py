@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from .dag import STAGES, UPSTREAM, StageError  # noqa: F401  (the stage names live in dag)
+from .dag import STAGES, UPSTREAM, StageError
 from .runio import runs_dir
 
 def stage_dir(preset: str, stage: str, runs: str | Path | None = None) -> Path:

@@ -24,8 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from .decode_stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
-from .vllm_jobs import (all_cores_env, check_servable_drafter, job_in_subprocess, jobs_in_one_process, vllm_env,  # noqa: F401
-                        vllm_python)
+from .vllm_jobs import check_servable_drafter, vllm_env, vllm_python
 
 
 def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = BOOTSTRAP_RESAMPLES,

@@ -21,10 +21,8 @@ import time
 import torch
 
 from .config import DECODERS
-from .decode_stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, GenResult, acceptance_stats, ci95,  # noqa: F401
-                           paired_bootstrap, results_from_json, results_to_json, run_stats, speedup_ci95)
-from .decode_steps import (accept_drafts, emit_tokens, is_recurrent, rollback_block, sample_tokens,  # noqa: F401
-                           snapshot_recurrent, sync)
+from .decode_stats import GenResult, paired_bootstrap, run_stats, speedup_ci95
+from .decode_steps import accept_drafts, emit_tokens, rollback_block, sample_tokens, snapshot_recurrent, sync
 from .drafter import DFlashDraftModel, DraftCache, draft_tokens, resolve_window, target_features
 
 
