@@ -2,9 +2,9 @@
 # The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
 # passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
 # The machine's setup (wheels, the split GGUF) is benchmarks/device.sh.
-#   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] benchmarks/gpu_xl.sh setup
+#   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."] benchmarks/gpu_xl.sh setup
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
-#             QDFLASH_GIT_SHA=<commit> benchmarks/gpu_xl.sh go [SECONDS]
+#             QDFLASH_GIT_SHA=<commit> [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
 # source (drafter_tau_by_source.py), stage 01, stage 03. Everything it wrote comes back as $OUT/xl.tgz.
@@ -22,14 +22,16 @@ if [ "$PHASE" = setup ]; then
     PYTHONPATH=$XL_BASE/src:$XL_BASE QDFLASH_GIT_SHA=${XL_BASE_SHA:-?} $P --out $O/step-base.json --trace $O/trace-base.txt > $O/log-step-base.txt 2>&1
   fi
   export PYTHONPATH=src
-  $P --ce-chunk 4096 --out $O/step-chunk.json --trace $O/trace-chunk.txt > $O/log-step-chunk.txt 2>&1
-  $P --ce-chunk 0 --out $O/step-nochunk.json > $O/log-step-nochunk.txt 2>&1
-  $P --ce-chunk 4096 --draft-vocab 8192 --out $O/step-vocab8k.json > $O/log-step-vocab8k.txt 2>&1
-  timeout 240 $P --ce-chunk 4096 --compile-features --out $O/step-cfeat.json > $O/log-step-cfeat.txt 2>&1
-  [ -n "${XL_COMPILE:-}" ] && timeout 150 $P --ce-chunk 4096 --compile --out $O/step-compile.json > $O/log-step-compile.txt 2>&1
+  # XL_VARIANTS picks the variants by name (default: chunk nochunk vocab8k cfeat); the case below gives their arguments
+  for v in ${XL_VARIANTS:-chunk nochunk vocab8k cfeat}; do case $v in
+    chunk) A="--ce-chunk 4096";; nochunk) A="--ce-chunk 0";; vocab8k) A="--ce-chunk 4096 --draft-vocab 8192";;
+    cfeat) A="--ce-chunk 4096 --compile-features";; cfeat128) A="--ce-chunk 4096 --compile-features --batch 128";;
+    b128) A="--ce-chunk 4096 --batch 128";; compile) A="--ce-chunk 4096 --compile";; *) echo "unknown variant $v"; continue;;
+  esac
+  timeout 240 $P $A --out $O/step-$v.json > $O/log-step-$v.txt 2>&1; echo "variant $v rc=$?"; done
   python3 - <<'PY'
 import json, os
-for n in ("base", "chunk", "nochunk", "vocab8k", "cfeat", "compile"):
+for n in ("base", "chunk", "nochunk", "vocab8k", "cfeat", "cfeat128", "b128", "compile"):
     f = f"/tmp/o/step-{n}.json"
     if os.path.exists(f):
         d = json.load(open(f))
@@ -60,15 +62,15 @@ ok() { [ $(left) -gt ${1:-60} ]; }
 done_ 00_data || stage 00_data
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if done_ 00_data; then
-  [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
+  [ -z "${XL_PROFILE-1}" ] || [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
   done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain ${XL_02:-}; }   # XL_02="--set epochs=1"
-  if done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
+  if [ -n "${XL_TAU-1}" ] && done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
     D=$(python3 -c "import json;print(json.load(open('$R/02_drafter_pretrain/metrics.json'))['drafter'])")
     run tau python3 benchmarks/drafter_tau_by_source.py --data $R/00_data --drafter pretrain=$R/02_drafter_pretrain/$D \
       --target smol --out $O/tau-pretrain-fp.json --prompts 64 --new 128
   fi
   done_ 01_qad || { ok && stage 01_qad; }
-  done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune
+  done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune ${XL_02:-}
   done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
 fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
