@@ -4,6 +4,8 @@ benchmark path of its own."""
 import json
 import re
 
+import pytest
+
 from conftest import REPO
 
 BENCH = REPO / "benchmarks"
@@ -52,3 +54,14 @@ def test_report_code_has_no_benchmark_paths_of_its_own():
                  for i, line in enumerate(p.read_text().splitlines(), 1) if built.search(line)
                  and "add_argument" not in line]
     assert not offenders, offenders
+
+
+def teststage_seconds_sums_a_stage_over_the_calls_that_ran_it(tmp_path):
+    """A stage cut by one call's deadline (rc 124) and finished by the next counts both calls' seconds."""
+    from qdflash.gpu_results import stage_seconds
+    p = tmp_path / "stage_times.txt"
+    p.write_text("00_data rc=0 195.5s sha=abc\n01_qad rc=124 88.8s sha=abc\n01_qad rc=0 52.6s sha=abc\n"
+                 "02_drafter_pretrain rc=0 276.6s sha=abc\nnot a stage line\n")
+    s = stage_seconds(p)
+    assert s == {"00_data": [195.5], "01_qad": [88.8, 52.6], "02_drafter_pretrain": [276.6]}
+    assert sum(s["01_qad"]) == pytest.approx(141.4)

@@ -257,3 +257,78 @@ def gpu_xl_training_summary(run_dir: str | Path, earlier_run: str | Path) -> str
         f"({eb['steps']:,} steps, `{e.name}/`) on the same prompts and data: {pb['diff']:+.3f} "
         f"({pb['diff_ci95'][0]:+.3f} to {pb['diff_ci95'][1]:+.3f}, paired bootstrap over prompts).")
     return "\n".join(lines) + "\n"
+
+
+def stage_seconds(path: Path) -> dict[str, list[float]]:
+    """{stage: [seconds of each call that ran it]} from ``gpu_xl.sh``'s ``stage_times.txt`` (a stage cut by a call's
+    deadline, rc 124, goes on in the next call)."""
+    out: dict[str, list[float]] = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"(\S+) rc=(\d+) ([\d.]+)s", line)
+        if m:
+            out.setdefault(m[1], []).append(float(m[3]))
+    return out
+
+
+def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
+    """Markdown lines for a ``smol-gpu-xl`` run through stage 03 (``gpu_xl.sh setup`` with step variants, then
+    ``go``): the step variants on the run's machine, minutes per stage, stage 02's drafter paired with
+    ``earlier_run``'s on the same prompts, and stage 03's decoding grid (``decode-fp.json``, ``decode-qad.json``) with
+    the two-stage gain paired over prompts. Every number read from its JSON."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json, speedup_ci95
+    d, e = Path(run_dir), Path(earlier_run)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    m0, m1, m2 = rd(d / "metrics-00_data.json"), rd(d / "metrics-01_qad.json"), rd(d / "metrics-02_drafter_pretrain.json")
+    cfg = rd(d / "config-02_drafter_pretrain.json")
+    grid = {t: rd(d / f"decode-{t}.json") for t in ("fp", "qad")}
+    res = {(t, k): results_from_json(v) for t, g in grid.items() for k, v in g["results"].items()}
+    steps = {k: rd(d / f"step-{k}.json") for k in ("chunk", "cfeat", "cfeat128")}
+    gpu = steps["chunk"]["provenance"]["gpu"]
+    rows_s = {k: v["batch_size"] / v["loop_s_per_step"] for k, v in steps.items()}
+    secs = stage_seconds(d / "stage_times.txt")
+    g = m0["regeneration"]
+    ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
+    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
+    tau = {k: acceptance_stats(v) for k, v in res.items() if k[1] != "plain"}
+    lines = [
+        f"- One {gpu}, commit {m0['git_sha'][:7]}; minutes per stage (each call at most 10): 00 "
+        f"{sum(secs['00_data']) / 60:.1f}, 01 {sum(secs['01_qad']) / 60:.1f}, 02 "
+        f"{sum(secs['02_drafter_pretrain']) / 60:.1f}, 03 more than {sum(secs['03_drafter_finetune']) / 60:.1f} (cut by "
+        f"the session's 30 minutes of device time while decoding: the grid on the QAD target lacks the direct drafter, "
+        f"and stage 04 did not run). Stage 00 regenerated the same {g['output_tokens']:,} tokens at "
+        f"{g['output_tokens_per_s'] / 1e3:.1f}K output tok/s.",
+        f"- Drafter step on this machine (`drafter_step_profile.py --synthetic 4096`, `train_drafter` over "
+        f"{steps['chunk']['loop_steps']} steps, one run each): batch {steps['chunk']['batch_size']} "
+        f"{1e3 * steps['chunk']['loop_s_per_step']:.0f} ms/step; with the target's feature forward compiled (CUDA "
+        f"graphs, `compile_features`) {1e3 * steps['cfeat']['loop_s_per_step']:.0f} ms (synchronised features "
+        f"{1e3 * steps['chunk']['median_s']['features']:.0f} -> {1e3 * steps['cfeat']['median_s']['features']:.0f} ms); "
+        f"and at batch {steps['cfeat128']['batch_size']} {1e3 * steps['cfeat128']['loop_s_per_step']:.0f} ms: "
+        f"{rows_s['cfeat128'] / rows_s['chunk']:.1f}x the rows/s of batch {steps['chunk']['batch_size']} (drafter "
+        f"forward+backward {steps['cfeat128']['fwd_bwd_tflops_achieved']:.0f} TFLOP/s against "
+        f"{steps['chunk']['fwd_bwd_tflops_achieved']:.0f}; the host's batch assembly is then "
+        f"{1e3 * steps['cfeat128']['median_s']['make_batch']:.0f} ms of it).",
+        f"- Stage 01 (QAD): held-out KL {m1['qad_vs_gptq_kl']['ratio']:.2f}x GPTQ's "
+        f"({m1['qad_vs_gptq_kl']['ratio_ci95'][0]:.2f}-{m1['qad_vs_gptq_kl']['ratio_ci95'][1]:.2f}).",
+    ]
+    tr = m2["train"]
+    pb = paired_bootstrap(res[("fp", "pretrain")],
+                          results_from_json(rd(e / "tau-pretrain-fp.grid.json")["results"]["pretrain"]))
+    lines.append(
+        f"- Stage 02 at batch {cfg['batch_size']}, lr {cfg['lr']:g}, {tr['epochs']} epochs ({tr['steps']:,} steps, "
+        f"{tr['train_s']:.0f} s, {1e3 * tr['train_s'] / tr['steps']:.0f} ms/step; one seed): the pretrained drafter "
+        f"on the FP target decodes at tau {tau[('fp', 'pretrain')]['tau']:.3f} ({ci(tau[('fp', 'pretrain')]['tau_ci95'])}), "
+        f"{dci(pb)} paired against `{e.name}/`'s (batch 64, 2 epochs) on the same {len(res[('fp', 'pretrain')])} "
+        f"held-out real prompts x {grid['fp']['max_new_tokens']} tokens.")
+    two, pre = tau[("qad", "two_stage")], tau[("qad", "pretrain")]
+    sp = speedup_ci95(res[("qad", "plain")], res[("qad", "two_stage")])
+    lines.append(
+        f"- Stage 03 (finetune 1 epoch on the QAD target's own answers; CUDA-graph decoder, fp32): on the QAD target "
+        f"the two-stage drafter decodes at **tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, the pretrained one at "
+        f"{pre['tau']:.3f} ({ci(pre['tau_ci95'])}): two-stage gain "
+        f"{dci(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}, paired over prompts. On the FP "
+        f"target: two-stage {tau[('fp', 'two_stage')]['tau']:.3f}, direct (trained on the QAD target for "
+        f"{cfg['epochs'] + cfg['finetune_epochs']} epochs) {tau[('fp', 'direct')]['tau']:.3f}, two-stage - direct "
+        f"{dci(paired_bootstrap(res[('fp', 'two_stage')], res[('fp', 'direct')]))}. Acceptance by draft position on "
+        f"the QAD target: " + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + "; wall-clock speed-up of "
+        f"speculation over plain decoding {sp[0]:.2f}-{sp[1]:.2f}x (95% CI): at this tau it does not pay on a 135M target.")
+    return "\n".join(lines) + "\n"
