@@ -79,3 +79,15 @@ def test_static_compiled_online_features_equal_the_eager_ones():
             assert static[i].shape == eager[i].shape == (min(32, len(rows[i]["input_ids"])), eager[i].shape[1])
             torch.testing.assert_close(static[i], eager[i], rtol=1e-4, atol=1e-4)
     assert static.computed_rows == eager.computed_rows == 8
+    # make_batch takes the static batch as one padded tensor (no copy per row): the same batch, zeros after each row
+    from qdflash.config import DrafterConfig, load_config
+    from qdflash.drafter_train import make_batch
+    cfg = load_config(DrafterConfig, "tiny", max_len=32, num_anchors=4)
+    for r in rows:
+        r["loss_mask"] = [0] * 3 + [1] * (len(r["input_ids"]) - 3)
+    assert static.padded_batch([4, 1], 40) is None                # not the prefetched batch: make_batch copies rows
+    a, b = (make_batch(rows, f, [1, 4, 0], cfg, 5, torch.Generator().manual_seed(1), 2.0) for f in (eager, static))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-4, msg=k)
+    assert static.padded_batch([1, 4, 0], 32)[2, 12:].abs().sum() == 0 and a["ctx"][2, 12:].abs().sum() == 0

@@ -89,13 +89,15 @@ def make_batch(rows, feats, idx, cfg: DrafterConfig, mask_id: int, gen: torch.Ge
     b = len(idx)
     ids = torch.zeros((b, S), dtype=torch.long)
     f0 = feats[idx[0]]
-    ctx = torch.zeros((b, S, f0.shape[-1]), dtype=f0.dtype, device=f0.device)
+    padded = feats.padded_batch(idx, S) if hasattr(feats, "padded_batch") else None
+    ctx = padded if padded is not None else torch.zeros((b, S, f0.shape[-1]), dtype=f0.dtype, device=f0.device)
     anchors = torch.zeros((b, N), dtype=torch.long)
     keep = torch.zeros((b, N))
     lens = torch.tensor([len(s) for s in seqs])
     for r, (s, lm, i) in enumerate(zip(seqs, lms, idx)):
         ids[r, : len(s)] = torch.tensor(s)
-        ctx[r, : len(s)] = feats[i][: len(s)]
+        if padded is None:                 # one copy per row, unless the features came as one padded batch
+            ctx[r, : len(s)] = feats[i][: len(s)]
         a = sample_anchors(lm, N, gen) if drawn is None else drawn[r]
         anchors[r, : len(a)] = torch.tensor(a, dtype=torch.long)
         keep[r, : len(a)] = 1

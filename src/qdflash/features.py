@@ -192,7 +192,7 @@ class OnlineFeatures:
     def __init__(self, target, rows: list[dict], layer_ids, max_len: int, static: bool = False):
         self.target, self.rows, self.layer_ids, self.max_len = target, rows, tuple(layer_ids), max_len
         self.computed_rows, self._cur, self.static = 0, {}, bool(static)
-        self._fwd, self._width = None, 0
+        self._fwd, self._width, self._padded = None, 0, None
 
     def prefetch(self, idx: list[int]) -> None:
         with torch.no_grad():
@@ -209,8 +209,20 @@ class OnlineFeatures:
                 # clone: the graph's output buffer is reused by its next replay
                 f = self._fwd(self.target, ids.to(dev), att.to(dev), self.layer_ids).clone()
                 feats = [f[r, : len(x)] for r, x in enumerate(seqs)]
+                self._padded = (list(idx), f)
         self._cur = dict(zip(idx, feats))
         self.computed_rows += len(idx)
+
+    def padded_batch(self, idx: list[int], width: int) -> torch.Tensor | None:
+        """The prefetched batch ``idx`` as one [len(idx), width, hidden] tensor, row r's features in its first
+        len(row) positions and zeros after (what ``make_batch`` would assemble row by row), without a copy per row;
+        None unless the batch came from the compiled (``static``) forward."""
+        got = getattr(self, "_padded", None)
+        if got is None or got[0] != list(idx):
+            return None
+        lens = torch.tensor([len(self.rows[i]["input_ids"][: self.max_len]) for i in idx], device=got[1].device)
+        f = got[1][: len(idx), :width]
+        return f * (torch.arange(width, device=f.device)[None, :] < lens[:, None])[..., None].to(f.dtype)
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if i not in self._cur:
