@@ -3,6 +3,7 @@ names exists, the README block's sections are the ones the report code renders, 
 benchmark path of its own."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +66,42 @@ def teststage_seconds_sums_a_stage_over_the_calls_that_ran_it(tmp_path):
     s = stage_seconds(p)
     assert s == {"00_data": [195.5], "01_qad": [88.8, 52.6], "02_drafter_pretrain": [276.6]}
     assert sum(s["01_qad"]) == pytest.approx(141.4)
+
+
+_AUXILIARY = re.compile(r"(config.*|manifest-.*|decode-.*|.*\.grid)\.json")   # a stage's inputs and caches
+
+
+def _records_commit(d) -> bool:
+    return isinstance(d, dict) and bool((d.get("provenance") or {}).get("git_sha") or d.get("git_sha"))
+
+
+def test_every_saved_result_records_its_commit():
+    """A benchmark JSON records the commit that wrote it (``provenance.git_sha`` or ``git_sha``); a stage's config,
+    manifest or decoding grid may instead sit beside a result that does; the only exceptions are the listed old
+    results (the manifest's ``without_provenance``), which must still exist and still lack it."""
+    legacy = json.loads((REPO / "benchmarks" / "manifest.json").read_text())["without_provenance"]
+    files = sorted(p for p in (REPO / "benchmarks").rglob("*.json") if p.name != "manifest.json")
+    bare = []
+    for p in files:
+        if _records_commit(json.loads(p.read_text())):
+            continue
+        if _AUXILIARY.fullmatch(p.name) and any(_records_commit(json.loads(q.read_text()))
+                                                for q in p.parent.glob("*.json") if q != p):
+            continue
+        bare.append(p.relative_to(REPO / "benchmarks").as_posix())
+    assert sorted(bare) == sorted(legacy), f"results without a commit: {sorted(set(bare) - set(legacy))}"
+
+
+def test_a_stage_run_records_commit_machine_versions_and_command(tmp_path, monkeypatch):
+    """run.json of every stage: the commit (QDFLASH_GIT_SHA wins over a stale .git), CPU model and cores, GPU (or
+    None), the library versions, the command; metrics.json: the commit."""
+    from qdflash.config import DataConfig, load_config
+    from qdflash.runio import finish_run, start_run
+    monkeypatch.setenv("QDFLASH_GIT_SHA", "0123abc")
+    out = start_run(tmp_path / "s", load_config(DataConfig, "tiny"), "00_data")
+    run = json.loads((out / "run.json").read_text())
+    assert run["git_sha"] == "0123abc" and run["stage"] == "00_data" and run["argv"]
+    assert {"torch", "transformers"} <= set(run["versions"]) and "gpu" in run and run["cpu"]["cores"] >= 1
+    assert "model" in run["cpu"] or not Path("/proc/cpuinfo").exists()
+    assert json.loads((out / "config.json").read_text())["stage"] == "00_data"
+    assert finish_run(out, {"x": 1}, 0.0)["git_sha"] == "0123abc"

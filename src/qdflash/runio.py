@@ -129,14 +129,13 @@ def cpu_info(path: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
 
 
 def start_run(out_dir: str | Path, cfg: Any, stage: str) -> Path:
-    """Create the run directory and record config.json + run.json (git SHA, host, start time)."""
+    """Create the run directory and record config.json + run.json (``provenance()``: commit, CPU/GPU, library
+    versions, command; start time)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", {"stage": stage, **to_dict(cfg)})
-    write_json(out / "run.json", {"stage": stage, "git_sha": git_sha(), "python": sys.version.split()[0],
-                                  "platform": platform.platform(), "cpu": cpu_info(),
-                                  "torch_threads": _torch_threads(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                  "argv": sys.argv})
+    write_json(out / "run.json", {"stage": stage, **provenance(), "torch_threads": _torch_threads(),
+                                  "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return out
 
 
