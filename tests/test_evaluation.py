@@ -99,3 +99,16 @@ def test_compressed_checkpoints_are_evaluated_dense_with_the_same_scores(tiny_pi
     for t in tasks:
         resp = [[s["doc_id"], s["filter"], s["resps"]] for s in dense[2][t]]
         assert resp == [[s["doc_id"], s["filter"], s["resps"]] for s in comp[2][t]] and resp
+
+
+def test_a_gate_the_teacher_fails_is_not_applicable(tmp_path):
+    """The gate table says pass/fail only where the teacher passes; where the teacher fails every verdict is n/a."""
+    import json
+
+    from qdflash.figures import gate_table
+    res = {"teacher": {"mc": {"score": 0.5, "pass": True}, "gpqa": {"score": 0.2, "pass": False}},
+           "qad": {"mc": {"score": 0.4, "pass": False}, "gpqa": {"score": 0.3, "pass": True}}}
+    (tmp_path / "metrics.json").write_text(json.dumps({"results": res}))
+    t = gate_table(tmp_path)
+    assert t.loc["qad", "mc gate"] == "fail" and t.loc["teacher", "mc gate"] == "pass"
+    assert set(t["gpqa gate"]) == {"n/a (teacher fails)"}
