@@ -4,8 +4,8 @@
     python notebooks/_generate.py            # rewrite the notebooks
     python notebooks/_generate.py --check    # exit 1 if a committed notebook differs from what this writes
 
-Notebooks that walk their stage step by step (02_drafter_pretrain, 03_drafter_finetune, 05_serving; issue
-36) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
+Notebooks that walk their stage step by step (02_drafter_pretrain, 03_drafter_finetune, 05_serving,
+06_evaluation; issue 36) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
 leaves them unchanged and an executed checkout stays clean.
 """
 import sys
@@ -63,21 +63,6 @@ fraction of its disk size, and what the window costs per position.""", [
         ("Acceptance per draft position:",
          "from qdflash.figures import drafter_quant_table, per_position_plot\n\nper_position_plot(res.out_dir);"),
         ("Precision x SWA:", "drafter_quant_table(res.out_dir)"),
-    ]),
-    "06_evaluation": ("06_evaluation", """# 06 Quality gates with lm-eval
-
-lm-eval scores the teacher, RTN, GPTQ and QAD models on local tasks in the MMLU-Pro, IFEval and GPQA formats
-(the `full` preset runs the real tasks), plus QAD through our decoding loop with and without speculation. On the
-offline presets two log-likelihood tasks with hundreds of items that the small teacher can solve (grammatical
-minimal pairs, one-digit products) measure how much of the teacher's score each quantized model keeps.
-
-**Look at:** the ordering of teacher > PTQ / QAD (with few items one item moves a score a lot), the fractions of
-the teacher's score and their intervals, and that speculation changes no score (it is lossless).""", [
-        ("Scores and gates:", "from qdflash.figures import gate_table\n\ngate_table(res.out_dir)"),
-        ("Quality kept, as a fraction of the teacher's score (paired bootstrap over items):",
-         "from qdflash.figures import quality_table\n\nquality_table(res.out_dir)"),
-        ("Speculation check (greedy outputs with vs without the drafter):",
-         "res.metrics['speculation_check']"),
     ]),
     "07_figures": ("07_figures", """# 07 Paper figures, tables and model cards
 
