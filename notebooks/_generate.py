@@ -4,8 +4,8 @@
     python notebooks/_generate.py            # rewrite the notebooks
     python notebooks/_generate.py --check    # exit 1 if a committed notebook differs from what this writes
 
-Notebooks that walk their stage step by step (02_drafter_pretrain, 03_drafter_finetune, 05_serving,
-06_evaluation; issue 36) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
+Notebooks that walk their stage step by step (issue 36: 01_qad, 02_drafter_pretrain, 03_drafter_finetune,
+05_serving, 06_evaluation) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
 leaves them unchanged and an executed checkout stays clean.
 """
 import sys
@@ -34,22 +34,6 @@ learns from) and the regeneration throughput.""", [
          "pd.DataFrame(read_json(res.out_dir / 'manifest.json')['files']).T"),
         ("The run's counters:",
          "pd.Series({k: v for k, v in res.metrics.items() if not isinstance(v, (dict, list))})"),
-    ]),
-    "01_qad": ("01_qad", """# 01 QAD vs PTQ
-
-Two post-training baselines quantize the target's Linear layers to INT4 (W4A16, symmetric groups) with
-llmcompressor: round-to-nearest (RTN) and GPTQ on calibration sequences in a fixed order. **QAD** then starts
-from the GPTQ grid (scales fixed) and trains the latent weights so the INT4 student matches the full-precision
-teacher token by token (KL divergence), and exports the result exactly as compressed-tensors `pack-quantized`
-plus a dense "twin" for the drafter stages.
-
-**Look at:** the KL curve over steps (does QAD move below its GPTQ starting point?), then the held-out table:
-KL to the teacher, top-1 agreement, perplexity and size of each model.""", [
-        ("KL to the teacher per QAD step (training batches):",
-         "from qdflash.figures import qad_table, qad_training_plot, training_curves\n\ntraining_curves(res.out_dir);"),
-        ("Held-out selection KL every few steps (step 0 is the GPTQ start; the best step is kept) and the share of "
-         "INT4 codes that moved:", "qad_training_plot(res.out_dir);"),
-        ("Held-out comparison against the FP teacher:", "qad_table(res.out_dir)"),
     ]),
     "04_drafter_quant": ("04_drafter_quant", """# 04 Drafter quantization and sliding-window attention
 

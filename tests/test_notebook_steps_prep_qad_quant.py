@@ -1,0 +1,66 @@
+"""The steps of the stepped notebooks 00_data_prep, 01_qad and 04_drafter_quant (issue 36) ran in the executed tiny
+notebooks (the ``tiny_pipeline`` fixture: papermill, as ``make reproduce``) and showed what they are for; their step
+cells (all but the stage call) stay cheap."""
+import re
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _cell(nb, marker: str):
+    cells = [c for c in nb.cells if c.cell_type == "code" and marker in c.source]
+    assert len(cells) == 1, (marker, len(cells))
+    return cells[0]
+
+
+def _stdout(nb, marker: str) -> str:
+    return "".join(o.get("text", "") for o in _cell(nb, marker).get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout")
+
+
+def _data(nb, marker: str, mime: str) -> list[str]:
+    return [o["data"][mime] for o in _cell(nb, marker).get("outputs", []) if mime in o.get("data", {})]
+
+
+def _read(tiny_pipeline, stage: str):
+    import nbformat
+    return nbformat.read(tiny_pipeline["executed"][stage], as_version=4)
+
+
+def test_qad_notebook_shows_baselines_fake_quant_step_and_interval(tiny_pipeline):
+    nb = _read(tiny_pipeline, "01_qad")
+    base = _data(nb, "register_forward_pre_hook(", "text/html")
+    assert base and "RTN" in base[0] and "GPTQ" in base[0] and "output error" in base[0], base
+    plain = _data(nb, "register_forward_pre_hook(", "text/plain")[-1]          # the table, after any progress bar
+    err = {r[1]: float(r[3]) for r in re.finditer(r"^(RTN|GPTQ)\s+(\S+)\s+(\S+)", plain, re.MULTILINE)}
+    assert err["GPTQ"] < err["RTN"], plain                                         # what GPTQ is for
+    assert "same scales in both: True" in _stdout(nb, "register_forward_pre_hook(")
+    fq = _stdout(nb, "load_fake_quant_model(")
+    assert re.search(r"\d+ FakeQuantLinear layers", fq) and "its codes equal the GPTQ checkpoint's: True" in fq, fq
+    grid = _data(nb, "load_fake_quant_model(", "text/html")
+    assert grid and all(k in grid[0] for k in ("latent", "code", "served weight")), grid
+    step = _stdout(nb, "kl_loss(student, teacher")
+    kl = re.search(r"KL (\d+\.\d+) per token \((\d+) tokens\); the stage's first step logged (\d+\.\d+)", step)
+    assert kl and float(kl[1]) > 0 and kl[1] == kl[3], step                         # the stage's first step, replayed
+    assert _data(nb, "kl_loss(student, teacher", "image/png"), "no per-token KL drawn"
+    top = _data(nb, "lt[p].exp().topk(", "text/html")
+    assert top and "teacher token" in top[0] and "student p" in top[0], top
+    assert re.search(r"gradient norm over \d+ latent tensors: \d", _stdout(nb, "loss.backward()"))
+    assert _data(nb, "training_curves(res.out_dir)", "image/png")
+    assert _data(nb, "qad_training_plot(res.out_dir)", "image/png")
+    codes = _stdout(nb, "qad_ints = read_grid(")
+    assert re.search(r"all layers: \d+\.\d+% of codes changed \(kept step \d+ of \d+\)", codes), codes
+    ci = re.search(r"QAD / GPTQ KL ratio (\d+\.\d+) \(95% CI (\d+\.\d+)-(\d+\.\d+), \d+ conversations\)",
+                   _stdout(nb, 'ci = res.metrics["qad_vs_gptq_kl"]'))
+    assert ci and float(ci[2]) <= float(ci[1]) <= float(ci[3]), ci
+    assert _data(nb, 'ci = res.metrics["qad_vs_gptq_kl"]', "image/png")
+    assert "QAD W4A16" in _data(nb, "qad_table(res.out_dir)", "text/html")[0]
+
+
+def test_prep_qad_quant_step_cells_stay_cheap(tiny_pipeline):
+    for stage in ("01_qad",):
+        nb = _read(tiny_pipeline, stage)
+        steps_s = sum(c.metadata.get("papermill", {}).get("duration") or 0 for c in nb.cells
+                      if c.cell_type == "code" and "run_stage(" not in c.source)
+        assert 0 < steps_s < 60, (stage, steps_s)
