@@ -5,7 +5,7 @@
     python notebooks/_generate.py --check    # exit 1 if a committed notebook differs from what this writes
 
 Notebooks that walk their stage step by step (issue 36: 01_qad, 02_drafter_pretrain, 03_drafter_finetune,
-05_serving, 06_evaluation) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
+04_drafter_quant, 05_serving, 06_evaluation) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
 leaves them unchanged and an executed checkout stays clean.
 """
 import sys
@@ -34,19 +34,6 @@ learns from) and the regeneration throughput.""", [
          "pd.DataFrame(read_json(res.out_dir / 'manifest.json')['files']).T"),
         ("The run's counters:",
          "pd.Series({k: v for k, v in res.metrics.items() if not isinstance(v, (dict, list))})"),
-    ]),
-    "04_drafter_quant": ("04_drafter_quant", """# 04 Drafter quantization and sliding-window attention
-
-The two-stage drafter is quantized to INT4 with GPTQ (Hessians from teacher-forced drafter forwards) and to
-INT8 with round-to-nearest; each precision is measured with and without a sliding window over the drafter's
-context, on the QAD target: the FP32 drafter without a window is stage 03's decoded run, the other rows are walked
-along the same plain greedy outputs (acceptance and drafter ms/step; their speed is measured on vLLM, stage 05).
-
-**Look at:** whether the quantized drafters keep the FP32 drafter's acceptance (overlapping intervals) at a
-fraction of its disk size, and what the window costs per position.""", [
-        ("Acceptance per draft position:",
-         "from qdflash.figures import drafter_quant_table, per_position_plot\n\nper_position_plot(res.out_dir);"),
-        ("Precision x SWA:", "drafter_quant_table(res.out_dir)"),
     ]),
     "07_figures": ("07_figures", """# 07 Paper figures, tables and model cards
 

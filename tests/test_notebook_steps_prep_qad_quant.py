@@ -58,8 +58,27 @@ def test_qad_notebook_shows_baselines_fake_quant_step_and_interval(tiny_pipeline
     assert "QAD W4A16" in _data(nb, "qad_table(res.out_dir)", "text/html")[0]
 
 
+def test_drafter_quant_notebook_shows_gptq_layer_window_mask_and_table(tiny_pipeline):
+    nb = _read(tiny_pipeline, "04_drafter_quant")
+    assert re.search(r"\d+ Hessians; \S+: \(\d+, \d+\)", _stdout(nb, "H = collect_hessians("))
+    g = re.search(r"output error before \(round-to-nearest\) (\S+), after GPTQ (\S+) ",
+                  _stdout(nb, "gptq_drafter(drafter"))
+    assert g and float(g[2]) < float(g[1]), g                                      # GPTQ lowers the layer's error
+    assert "weights on the INT4 grid: True" in _stdout(nb, "gptq_drafter(drafter")
+    assert _data(nb, "block_mask(anchors", "image/png"), "no window mask drawn"
+    seen = re.search(r"without a window \[([\d, ]+)\], with window (\d+) \[([\d, ]+)\]", _stdout(nb, "block_mask(anchors"))
+    assert seen, _stdout(nb, "block_mask(anchors")
+    full, win = [int(x) for x in seen[1].split(",")], [int(x) for x in seen[3].split(",")]
+    assert all(w <= min(f, int(seen[2]) - 1) for f, w in zip(full, win)), seen[0]  # the window only hides context
+    same = re.search(r"the stage's GPTQ error (\S+), section 3's (\S+)", _stdout(nb, "drafter_meta.json"))
+    assert same and same[1] == same[2], same                                        # the step is the stage's step
+    assert _data(nb, "per_position_plot(res.out_dir)", "image/png")
+    table = _data(nb, "drafter_quant_table(res.out_dir)", "text/html")
+    assert table and "w4a16" in table[0] and "mean acceptance length" in table[0], table
+
+
 def test_prep_qad_quant_step_cells_stay_cheap(tiny_pipeline):
-    for stage in ("01_qad",):
+    for stage in ("01_qad", "04_drafter_quant"):
         nb = _read(tiny_pipeline, stage)
         steps_s = sum(c.metadata.get("papermill", {}).get("duration") or 0 for c in nb.cells
                       if c.cell_type == "code" and "run_stage(" not in c.source)
