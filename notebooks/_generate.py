@@ -4,8 +4,8 @@
     python notebooks/_generate.py            # rewrite the notebooks
     python notebooks/_generate.py --check    # exit 1 if a committed notebook differs from what this writes
 
-Notebooks that walk their stage step by step (issue 36: 01_qad, 02_drafter_pretrain, 03_drafter_finetune,
-04_drafter_quant, 05_serving, 06_evaluation) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
+Notebooks that walk their stage step by step (issue 36: 00_data_prep, 01_qad, 02_drafter_pretrain,
+03_drafter_finetune, 04_drafter_quant, 05_serving, 06_evaluation) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
 leaves them unchanged and an executed checkout stays clean.
 """
 import sys
@@ -20,21 +20,6 @@ RUN = "from qdflash.pipeline import run_stage\n\nres = run_stage({stage!r}, PRES
 
 # name: (stage, narrative before the run, [(markdown, code), ...] shown after it)
 NOTEBOOKS = {
-    "00_data_prep": ("00_data", """# 00 Data prep
-
-The drafter and the QAD student learn from the **target's own answers**: prompts (synthetic for `tiny`, ShareGPT
-for `smol`, Nemotron for `full`) are chat-templated and the full-precision target regenerates every response
-(greedy for `tiny`/`smol`). The result is `train.jsonl` / `val.jsonl` with an assistant-only loss mask, and a
-`manifest.json` with counts and sha256 sums. Finished batches are fsync'd, so an interrupted run resumes.
-
-**Look at:** how many responses hit the token cap (a cap that binds often truncates the answers the drafter
-learns from) and the regeneration throughput.""", [
-        ("The split and its files:",
-         "import pandas as pd\nfrom qdflash.runio import read_json\n\n"
-         "pd.DataFrame(read_json(res.out_dir / 'manifest.json')['files']).T"),
-        ("The run's counters:",
-         "pd.Series({k: v for k, v in res.metrics.items() if not isinstance(v, (dict, list))})"),
-    ]),
     "07_figures": ("07_figures", """# 07 Paper figures, tables and model cards
 
 Everything here is regenerated from the stages' saved `metrics.json` only (from `runs/<PRESET>`, or from the

@@ -28,6 +28,30 @@ def _read(tiny_pipeline, stage: str):
     return nbformat.read(tiny_pipeline["executed"][stage], as_version=4)
 
 
+def test_data_prep_notebook_follows_one_prompt(tiny_pipeline):
+    nb = _read(tiny_pipeline, "00_data")
+    src = _stdout(nb, "select_prompts(cfg, tok")
+    prompt = re.search(r"first selected prompt \((\S+)\):\n(.+)", src)
+    assert prompt, src
+    tmpl = _stdout(nb, "ids = prompt_ids(")
+    assert "(the stage's: True)" in tmpl and prompt[2] in tmpl, tmpl               # the template wraps the prompt
+    assert "the prompt appears verbatim inside the template: True" in tmpl
+    assert re.search(r"\d+ answer tokens \((hit the cap|ended with end-of-sequence)", _stdout(nb, "generate_batch("))
+    mask = _stdout(nb, "ex = to_example(")
+    m = re.search(r"(\d+) tokens, prompt_len (\d+), (\d+) supervised", mask)
+    assert m and int(m[1]) == int(m[2]) + int(m[3]) and int(m[3]) > 0, mask      # the answer only, all of it
+    assert _data(nb, "ex = to_example(", "image/png"), "no loss mask drawn"
+    table = _data(nb, "ex = to_example(", "text/html")
+    assert table and "loss_mask" in table[0] and "0" in table[0] and "1" in table[0], table
+    assert f"{prompt[1]} is in " in _stdout(nb, "load_split(res.out_dir")
+    assert re.search(r"\d+ train and \d+ val conversations", _stdout(nb, "load_split(res.out_dir"))
+    files = _data(nb, 'read_json(res.out_dir / "manifest.json")', "text/html")
+    assert files and all(k in files[0] for k in ("train", "val", "assistant_tokens", "sha256")), files
+    cap = re.search(r"(\d+) of (\d+) answers \(\d+%\) hit the cap of (\d+) tokens", _stdout(nb, "answers = ["))
+    assert cap and int(cap[1]) <= int(cap[2]), cap
+    assert _data(nb, "answers = [", "image/png"), "no length histograms"
+
+
 def test_qad_notebook_shows_baselines_fake_quant_step_and_interval(tiny_pipeline):
     nb = _read(tiny_pipeline, "01_qad")
     base = _data(nb, "register_forward_pre_hook(", "text/html")
@@ -78,7 +102,7 @@ def test_drafter_quant_notebook_shows_gptq_layer_window_mask_and_table(tiny_pipe
 
 
 def test_prep_qad_quant_step_cells_stay_cheap(tiny_pipeline):
-    for stage in ("01_qad", "04_drafter_quant"):
+    for stage in ("00_data", "01_qad", "04_drafter_quant"):
         nb = _read(tiny_pipeline, stage)
         steps_s = sum(c.metadata.get("papermill", {}).get("duration") or 0 for c in nb.cells
                       if c.cell_type == "code" and "run_stage(" not in c.source)
