@@ -5,7 +5,7 @@
     python notebooks/_generate.py --check    # exit 1 if a committed notebook differs from what this writes
 
 Notebooks that walk their stage step by step (issue 36: 00_data_prep, 01_qad, 02_drafter_pretrain,
-03_drafter_finetune, 04_drafter_quant, 05_serving, 06_evaluation) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
+03_drafter_finetune, 04_drafter_quant, 05_serving, 06_evaluation, 07_figures) are written by hand and not generated here. The files are written in nbstripout's clean form (no outputs, cell ids "0", "1", ...), so git's nbstripout filter
 leaves them unchanged and an executed checkout stays clean.
 """
 import sys
@@ -20,20 +20,6 @@ RUN = "from qdflash.pipeline import run_stage\n\nres = run_stage({stage!r}, PRES
 
 # name: (stage, narrative before the run, [(markdown, code), ...] shown after it)
 NOTEBOOKS = {
-    "07_figures": ("07_figures", """# 07 Paper figures, tables and model cards
-
-Everything here is regenerated from the stages' saved `metrics.json` only (from `runs/<PRESET>`, or from the
-committed `results/<PRESET>` on a fresh clone): figures as PDF + PNG and tables as Markdown + LaTeX under
-`figures/<PRESET>/`, and a model card (`README.md` + `recipe.yaml`) in every checkpoint of the run.
-
-**Look at:** the tables (the README's results block is generated from the same code), one figure, and the
-list of model cards.""", [
-        ("All tables:", "from IPython.display import Image, Markdown\n\nMarkdown(res.tables_md)"),
-        ("Acceptance per position by drafter precision and SWA:",
-         "Image(filename=str(res.fig_dir / 'fig-per-position.png')) "
-         "if (res.fig_dir / 'fig-per-position.png').exists() else None"),
-        ("Model cards written:", "res.metrics['cards']"),
-    ]),
 }
 
 
