@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,17 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
         from ..quality_tasks import write_quality_tasks
         qtasks = write_quality_tasks(task_dir, cfg.n_quality)
     results, raw, q_items = {}, {}, {}
+    # lm-eval writes its own text bars (plain tqdm, several per model), its warnings and transformers' to stderr: a
+    # wall of lines in a notebook. They go to the run directory's lm_eval.log; the stage shows one bar, one step a run
+    from tqdm.auto import tqdm
+    runs = len(models) + (2 if cfg.with_speculation and cfg.preset != "full" else 0)
+    bar = tqdm(total=runs, desc="lm-eval runs", unit="run", disable=not progress)
+    log = open(out / "lm_eval.log", "w")
     for name, path in models.items():
-        res, n, samples = evaluate_model("hf", {**tasks, **qtasks}, task_dir, cfg, path)
+        bar.set_postfix_str(name)
+        with redirect_stderr(log):
+            res, n, samples = evaluate_model("hf", {**tasks, **qtasks}, task_dir, cfg, path)
+        bar.update(1)
         raw[name] = res
         results[name] = gate_scores(res, n, tasks, cfg.thresholds, samples)
         if qtasks:
@@ -63,10 +73,15 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
         fm = read_json(Path(finetune_dir) / "metrics.json")
         drafter_dir = str(Path(finetune_dir) / fm["drafters"]["two_stage"])
         SpecLM = spec_lm_class()
-        plain = SpecLM(models["qad"], None, cfg.max_gen_toks, cfg.dtype)
-        withd = SpecLM(models["qad"], drafter_dir, cfg.max_gen_toks, cfg.dtype)
-        rp, n_p, s_p = evaluate_model(plain, tasks, task_dir, cfg)
-        rs, n_s, s_s = evaluate_model(withd, tasks, task_dir, cfg)
+        bar.set_postfix_str("qad, our loop")
+        with redirect_stderr(log):
+            plain = SpecLM(models["qad"], None, cfg.max_gen_toks, cfg.dtype)
+            withd = SpecLM(models["qad"], drafter_dir, cfg.max_gen_toks, cfg.dtype)
+            rp, n_p, s_p = evaluate_model(plain, tasks, task_dir, cfg)
+        bar.update(1)
+        with redirect_stderr(log):
+            rs, n_s, s_s = evaluate_model(withd, tasks, task_dir, cfg)
+        bar.update(1)
         results["qad (our loop, plain)"] = gate_scores(rp, n_p, tasks, cfg.thresholds, s_p)
         results["qad (our loop, speculative)"] = gate_scores(rs, n_s, tasks, cfg.thresholds, s_s)
         st = acceptance_stats(withd.results)
@@ -74,6 +89,8 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
                 "mismatched_outputs": sum(a != b for a, b in zip(plain.outputs, withd.outputs)),
                 **{k: st[k] for k in ("tau", "tau_ci95", "per_position", "per_position_ci95", "steps", "prompts")
                    if k in st}}
+    bar.close()
+    log.close()
     (out / "lm_eval_results.json").write_text(json.dumps(raw, indent=1, default=str))
     quality = {}
     if qtasks:
