@@ -449,6 +449,18 @@ def test_stepped_notebooks_ran_their_steps(tiny_pipeline):
         assert steps_s < 60, (name, steps_s)
 
 
+def test_executed_notebooks_have_no_stderr_wall(tiny_pipeline):
+    """An executed notebook reads like a paper section: library bars and harmless warnings go to the run directory's
+    logs (runio.library_output_to_log), so each executed tiny notebook has at most a few stderr lines in all."""
+    import nbformat
+    for stage, path in tiny_pipeline["executed"].items():
+        nb = nbformat.read(path, as_version=4)
+        err = [line for c in nb.cells for o in c.get("outputs", [])
+               if o.get("output_type") == "stream" and o.get("name") == "stderr" for line in o["text"].splitlines()
+               if line.strip()]
+        assert len(err) <= 5, (stage, len(err), err[:8])
+
+
 def test_sha_groups_names_each_code_version_with_its_stages():
     """The README's run-vs-run heading says which code ran which stages (a mixed run must not read as one SHA)."""
     from qdflash.results import sha_groups

@@ -27,7 +27,7 @@ from torch import nn
 
 from .config import DrafterQuantConfig
 from .drafter import DFlashDraftModel, load_drafter, resolve_window, target_features
-from .runio import read_json
+from .runio import library_output_to_log, read_json
 
 
 def quant_args(bits: int, group: int):
@@ -199,11 +199,12 @@ def rtn_w8_drafter(src: str | Path, group: int, out_dir: str | Path) -> Path:
 
     from .quant import scheme
     d = load_drafter(src)
-    oneshot(model=d, recipe=QuantizationModifier(config_groups={"group_0": scheme(["Linear"], 8, group)}))
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    d.save_pretrained(tmp, save_compressed=True)
+    with library_output_to_log():                # llmcompressor's and compressed-tensors' bars
+        oneshot(model=d, recipe=QuantizationModifier(config_groups={"group_0": scheme(["Linear"], 8, group)}))
+        d.save_pretrained(tmp, save_compressed=True)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir

@@ -14,10 +14,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
-from .runio import cache_dir
+from .runio import cache_dir, library_output_to_log
 
 TINY_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -214,8 +215,12 @@ def _dequantized(path: str, cfg, dtype):
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils.quantization_config import CompressedTensorsConfig
-    ct = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                              quantization_config=CompressedTensorsConfig(dequantize=True))
+    with warnings.catch_warnings(), library_output_to_log():
+        # passing a quantization_config for a checkpoint that has one is the point here (dequantize=True): transformers'
+        # warning that the checkpoint's own config wins for the rest says nothing we do not intend
+        warnings.filterwarnings("ignore", message="You passed `quantization_config`")
+        ct = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                  quantization_config=CompressedTensorsConfig(dequantize=True))
     del cfg.quantization_config
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     state = {k: v for k, v in ct.state_dict().items() if not k.endswith(_QUANT_SUFFIXES)}

@@ -27,7 +27,7 @@ from .config import QADConfig
 from .quant import FakeQuantLinear, quantize_ints
 from .decode_stats import BOOTSTRAP_RESAMPLES
 from .training import autocast_dtype, lr_at
-from .runio import atomic_write_text
+from .runio import atomic_write_text, library_output_to_log
 
 
 def names(cfg: QADConfig) -> dict[str, str]:
@@ -108,8 +108,9 @@ def compare_models_to_teacher(models: dict, teacher, rows: list[dict], seq_len: 
         m = (batch["loss_mask"][:, 1:] * batch["attention_mask"][:, 1:]).bool()
         for name, model in models.items():
             a = acc[name]
-            pm = F.log_softmax(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                                     ).logits.float(), -1)
+            with library_output_to_log():       # a packed model decompresses on its first forward, with bars
+                pm = F.log_softmax(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                                         ).logits.float(), -1)
             kl_tok = (pt.exp() * (pt - pm)).sum(-1) * valid
             a["kl"] += float(kl_tok.sum())
             a["agree"] += float(((pt.argmax(-1) == pm.argmax(-1)) & valid).sum())

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .config import LATENT_INITS
+from .runio import library_output_to_log
 
 
 def qrange(bits: int) -> tuple[int, int]:
@@ -163,21 +164,22 @@ def quantize_ptq(model_dir: str, method: str, group: int, suffixes: Iterable[str
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_dir)
     groups = {"group_0": scheme([target_regex(suffixes)], bits, group)}
-    if method == "rtn":
-        oneshot(model=model, recipe=QuantizationModifier(config_groups=groups, ignore=["lm_head"]))
-    elif method == "gptq":
-        if not calib:
-            raise ValueError("GPTQ needs calibration sequences")
-        ds = datasets.Dataset.from_dict({"input_ids": [c[:max_seq_len] for c in calib],
-                                         "attention_mask": [[1] * len(c[:max_seq_len]) for c in calib]})
-        oneshot(model=model, dataset=ds, recipe=GPTQModifier(config_groups=groups, ignore=["lm_head"],
-                                                             dampening_frac=dampening),
-                num_calibration_samples=len(calib), max_seq_length=max_seq_len, shuffle_calibration_samples=False)
-    else:
+    if method not in ("rtn", "gptq"):
         raise ValueError(f"unknown PTQ method {method!r} (rtn or gptq)")
+    if method == "gptq" and not calib:
+        raise ValueError("GPTQ needs calibration sequences")
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, save_compressed=True)
+    with library_output_to_log():                # llmcompressor's calibration and compression bars
+        if method == "rtn":
+            oneshot(model=model, recipe=QuantizationModifier(config_groups=groups, ignore=["lm_head"]))
+        else:
+            ds = datasets.Dataset.from_dict({"input_ids": [c[:max_seq_len] for c in calib],
+                                             "attention_mask": [[1] * len(c[:max_seq_len]) for c in calib]})
+            oneshot(model=model, dataset=ds, recipe=GPTQModifier(config_groups=groups, ignore=["lm_head"],
+                                                                 dampening_frac=dampening),
+                    num_calibration_samples=len(calib), max_seq_length=max_seq_len, shuffle_calibration_samples=False)
+        model.save_pretrained(tmp, save_compressed=True)
     tok.save_pretrained(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)

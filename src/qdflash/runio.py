@@ -1,6 +1,7 @@
 """Run directories: atomic writes, config/metrics/git SHA bookkeeping, jsonl helpers, cache paths."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -128,11 +129,26 @@ def cpu_info(path: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
     return out
 
 
+_LIBRARY_LOG: Path | None = None     # the running stage's library.log (start_run sets it)
+
+
+@contextlib.contextmanager
+def library_output_to_log():
+    """Inside: what libraries write to stderr (compressed-tensors' text bars on every save and load of a packed
+    checkpoint) goes to ``library.log`` of the stage this process started last (nowhere if none) instead of the
+    notebook or terminal, where it would bury the stage's own progress. Our own bars are made outside it."""
+    with open(_LIBRARY_LOG if _LIBRARY_LOG is not None else os.devnull, "a") as log, \
+            contextlib.redirect_stderr(log):
+        yield
+
+
 def start_run(out_dir: str | Path, cfg: Any, stage: str) -> Path:
     """Create the run directory and record config.json + run.json (``provenance()``: commit, CPU/GPU, library
     versions, command; start time)."""
+    global _LIBRARY_LOG
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    _LIBRARY_LOG = out / "library.log"
     write_json(out / "config.json", {"stage": stage, **to_dict(cfg)})
     write_json(out / "run.json", {"stage": stage, **provenance(), "torch_threads": _torch_threads(),
                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S")})

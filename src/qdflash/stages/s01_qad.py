@@ -21,7 +21,7 @@ from ..qad import (
     train_qad,
 )
 from ..quant import load_fake_quant_model, pack_checkpoint, quantize_ptq
-from ..runio import dir_size_bytes, finish_run, start_run, thin, torch_dtype, write_json
+from ..runio import dir_size_bytes, finish_run, library_output_to_log, start_run, thin, torch_dtype, write_json
 
 
 @dataclass
@@ -90,7 +90,8 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     ts = time.time()
     models = {"teacher": teacher}
     for key in ("rtn", "gptq", "qad"):
-        models[key] = AutoModelForCausalLM.from_pretrained(out / nm[key], dtype=dt).to(teacher.device).eval()
+        with library_output_to_log():            # compressed-tensors' bars of every packed load
+            models[key] = AutoModelForCausalLM.from_pretrained(out / nm[key], dtype=dt).to(teacher.device).eval()
     evals = compare_models_to_teacher(models, teacher, val, cfg.seq_len, pad, per_row=True)
     timings["eval_s"] = round(time.time() - ts, 2)
     ci = bootstrap_ratio_diff(evals["qad"]["row_kl_sum"], evals["gptq"]["row_kl_sum"], evals["qad"]["row_tokens"],
