@@ -146,3 +146,33 @@ def test_figures_and_tables_show_the_stage_metrics(tiny_pipeline):
         img = mpimg.imread(figs / f"{name}.png")
         assert img.shape[0] > 200 and img.shape[1] > 200 and img[..., :3].std() > 0.01, name   # drawn, not blank
         assert (figs / f"{name}.pdf").read_bytes()[:5] == b"%PDF-", name
+
+
+def test_a_notebook_reads_a_finished_run_back_unless_it_is_out_of_date(tmp_path, monkeypatch):
+    """run_stage(reuse=True) (the notebooks) returns a finished run's saved result without running the stage (which
+    would overwrite its timings with a resumed call's); it runs again when an upstream stage finished later, or when
+    make runs that stage (QDFLASH_STAGE), and never reuses by default (the CLI)."""
+    import json
+    import os
+
+    from qdflash.config import to_dict
+    from qdflash.pipeline import finished_result, run_stage, stage_config
+    monkeypatch.delenv("QDFLASH_STAGE", raising=False)
+    for stage, metrics in (("00_data", {"n_train": 7, "n_val": 2, "wall_time_s": 99.0}),
+                           ("01_qad", {"names": {"qad": "q", "twin": "t"}, "wall_time_s": 5.0})):
+        d = tmp_path / stage
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"stage": stage, **to_dict(stage_config(stage, "tiny"))}))
+        (d / "metrics.json").write_text(json.dumps(metrics))
+    os.utime(tmp_path / "00_data" / "metrics.json", (1000, 1000))
+    res = run_stage("00_data", "tiny", tmp_path, reuse=True)
+    assert (res.n_train, res.n_val, res.metrics["wall_time_s"]) == (7, 2, 99.0)      # read back, not rerun
+    qad = finished_result("01_qad", "tiny", tmp_path)
+    assert qad.packed == tmp_path / "01_qad" / "q" and qad.twin == tmp_path / "01_qad" / "t"
+    os.utime(tmp_path / "00_data" / "metrics.json")                                  # upstream newer: run again
+    assert finished_result("01_qad", "tiny", tmp_path) is None
+    monkeypatch.setenv("QDFLASH_STAGE", "00_data")                                   # make runs this stage
+    assert finished_result("00_data", "tiny", tmp_path) is None
+    monkeypatch.delenv("QDFLASH_STAGE")
+    assert finished_result("00_data", "tiny", tmp_path) is not None
+    assert finished_result("07_figures", "tiny", tmp_path) is None

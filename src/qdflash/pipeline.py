@@ -153,9 +153,28 @@ def check_same_config(stage: str, cfg, out_dir: Path) -> None:
                          f" --runs directory, or delete {out_dir} to rerun it")
 
 
+def finished_result(stage: str, preset: str, runs: str | Path | None = None):
+    """The saved result of a finished run of ``stage`` (each stage module's ``saved_result``), or None where the
+    stage must run: no ``metrics.json``; an upstream stage finished after it; make is running this very stage
+    (``QDFLASH_STAGE``: make runs a stage only when it is out of date, e.g. after a code change); stage 07 (cheap)."""
+    import importlib
+    import os
+    out = stage_dir(preset, stage, runs)
+    f = out / "metrics.json"
+    if stage == "07_figures" or os.environ.get("QDFLASH_STAGE") == stage or not f.exists():
+        return None
+    ups = [stage_dir(preset, u, runs) / "metrics.json" for u in UPSTREAM[stage]]
+    if any(u.exists() and u.stat().st_mtime > f.stat().st_mtime for u in ups):
+        return None
+    module = importlib.import_module(f".stages.s{stage}", __package__)
+    return module.saved_result(out, json.loads(f.read_text()))
+
+
 def run_stage(stage: str, preset: str, runs: str | Path | None = None, overrides: dict[str, Any] | None = None,
-              progress: bool = True):
-    """Run one stage with its preset config (plus overrides) on the standard run directories."""
+              progress: bool = True, reuse: bool = False):
+    """Run one stage with its preset config (plus overrides) on the standard run directories. ``reuse`` (the
+    notebooks): return a finished run's saved result instead (``finished_result``), so that opening a notebook
+    after ``make reproduce`` neither trains again nor overwrites the run's timings with a resumed call's."""
     from . import progress as prog
     d = lambda s: stage_dir(preset, s, runs)  # noqa: E731
     out = d(stage)
@@ -163,6 +182,10 @@ def run_stage(stage: str, preset: str, runs: str | Path | None = None, overrides
     check_upstream(stage, preset, runs)
     check_checkpoints(stage, preset, runs)
     check_same_config(stage, cfg, out)
+    saved = finished_result(stage, preset, runs) if reuse else None
+    if saved is not None:
+        print(f"{stage}: read back the finished run in {out} (FORCE = True runs it again)")
+        return saved
     prog.install()
     ov = dict(overrides or {})
     if stage == "00_data":

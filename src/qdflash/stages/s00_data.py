@@ -26,6 +26,11 @@ class DataResult:
     metrics: dict
 
 
+def saved_result(out: Path, metrics: dict) -> DataResult:
+    """A finished run of this stage as ``run_data`` returned it, from its saved metrics."""
+    return DataResult(out, metrics["n_train"], metrics["n_val"], metrics)
+
+
 def run_data(cfg: DataConfig, out_dir: str | Path, progress: bool = True) -> DataResult:
     from ..models import load_tokenizer
     t0 = time.time()

@@ -32,6 +32,11 @@ class QADResult:
     metrics: dict
 
 
+def saved_result(out: Path, metrics: dict) -> QADResult:
+    """A finished run of this stage as ``run_qad`` returned it, from its saved metrics."""
+    return QADResult(out, out / metrics["names"]["qad"], out / metrics["names"]["twin"], metrics)
+
+
 def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress: bool = True) -> QADResult:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     # torchrun: rank 0 runs PTQ, packs and evaluates as one process; all ranks train. llmcompressor turns distributed

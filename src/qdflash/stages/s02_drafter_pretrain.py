@@ -21,6 +21,11 @@ class DrafterResult:
     metrics: dict
 
 
+def saved_result(out: Path, metrics: dict) -> DrafterResult:
+    """A finished run of this stage as ``run_drafter_pretrain`` returned it, from its saved metrics."""
+    return DrafterResult(out, {"pretrain": out / metrics["drafter"]}, metrics)
+
+
 def run_drafter_pretrain(cfg: DrafterConfig, out_dir, data_dir, progress=True) -> DrafterResult:
     """Stage 02: pretrain against the full-precision target (the data stage's target)."""
     t0, dp = time.time(), distributed.current()      # torchrun: every rank trains, rank 0 writes

@@ -27,6 +27,12 @@ class DrafterQuantResult:
     metrics: dict
 
 
+def saved_result(out: Path, metrics: dict) -> DrafterQuantResult:
+    """A finished run of this stage as ``run_drafter_quant`` returned it, from its saved metrics."""
+    c = metrics["checkpoints"]
+    return DrafterQuantResult(out, {"w4a16": out / c["w4a16"], "w8a16": out / c["w8a16"]}, metrics)
+
+
 def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finetune_dir, progress=True):
     from ..drafter_train import eval_prompts
     from ..speculative import compare_with_plain

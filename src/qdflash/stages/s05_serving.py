@@ -19,6 +19,11 @@ class ServingResult:
     metrics: dict
 
 
+def saved_result(out: Path, metrics: dict) -> ServingResult:
+    """A finished run of this stage as ``run_serving`` returned it."""
+    return ServingResult(out, metrics)
+
+
 def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n_prompts: int | None = None,
                 max_tokens: int | None = None, max_model_len: int = 1024, serve: bool = True) -> ServingResult:
     from ..config import DrafterConfig, load_config

@@ -30,6 +30,11 @@ class EvalResult:
     metrics: dict
 
 
+def saved_result(out: Path, metrics: dict) -> EvalResult:
+    """A finished run of this stage as ``run_evaluation`` returned it."""
+    return EvalResult(out, metrics)
+
+
 def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, progress=True) -> EvalResult:
     t0 = time.time()
     out = start_run(out_dir, cfg, "06_evaluation")
