@@ -4,28 +4,9 @@ cells (all but the stage call) stay cheap."""
 import re
 
 import pytest
+from nb_outputs import code_cell as _cell, data_of as _data, executed as _read, stdout_of as _stdout
 
 pytestmark = pytest.mark.slow
-
-
-def _cell(nb, marker: str):
-    cells = [c for c in nb.cells if c.cell_type == "code" and marker in c.source]
-    assert len(cells) == 1, (marker, len(cells))
-    return cells[0]
-
-
-def _stdout(nb, marker: str) -> str:
-    return "".join(o.get("text", "") for o in _cell(nb, marker).get("outputs", [])
-                   if o.get("output_type") == "stream" and o.get("name") == "stdout")
-
-
-def _data(nb, marker: str, mime: str) -> list[str]:
-    return [o["data"][mime] for o in _cell(nb, marker).get("outputs", []) if mime in o.get("data", {})]
-
-
-def _read(tiny_pipeline, stage: str):
-    import nbformat
-    return nbformat.read(tiny_pipeline["executed"][stage], as_version=4)
 
 
 def test_data_prep_notebook_follows_one_prompt(tiny_pipeline):
