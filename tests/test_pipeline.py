@@ -79,6 +79,8 @@ def test_evaluation_gates(tiny_pipeline):
     # speculation must not change greedy outputs, hence not the scores
     spec = m["speculation_check"]
     assert spec["mismatched_outputs"] == 0 and spec["outputs"] > 0
+    # fp32: no token differs either, so no cause to explain (bf16 runs list each one with its margin)
+    assert spec["mismatched_token_outputs"] == 0 and spec["mismatch_causes"] == [] and spec["max_mismatch_margin"] is None
     assert spec["tau_ci95"][0] <= spec["tau"] <= spec["tau_ci95"][1]
     r = m["results"]
     assert r["qad (our loop, plain)"] == r["qad (our loop, speculative)"]

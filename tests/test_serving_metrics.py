@@ -2,7 +2,8 @@
 draft steps; latency percentiles only where the sample supports them; why a speculative greedy output differs."""
 import pytest
 
-from qdflash.serving import latency_summary, mismatch_causes, vllm_acceptance_ci
+from qdflash.decode_stats import mismatch_causes
+from qdflash.serving import latency_summary, vllm_acceptance_ci
 
 
 def test_vllm_tau_interval_is_over_prompts():

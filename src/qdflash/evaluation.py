@@ -245,6 +245,7 @@ def spec_lm_class():
             self.max_gen_toks = max_gen_toks
             self.outputs: list[str] = []
             self.results: list = []          # one speculative.GenResult per request
+            self.prompt_ids: list[list[int]] = []   # the tokens each request's generation started from
 
         @property
         def tokenizer_name(self) -> str:
@@ -268,6 +269,7 @@ def spec_lm_class():
                     if stop and stop in text:
                         text = text.split(stop)[0]
                 self.results.append(r)
+                self.prompt_ids.append(ids)
                 out.append(text)
             self.outputs += out
             return out

@@ -61,30 +61,6 @@ def latency_summary(lat: list[float]) -> dict:
     return out
 
 
-def mismatch_causes(model, prompts: list[list[int]], plain: list[list[int]], spec: list[list[int]]) -> list[dict]:
-    """Why a speculative output differs from plain greedy (both bf16 on vLLM): for each differing output, the first
-    differing position, both tokens, and the target's top-2 logit margin there recomputed by ``model`` (the target
-    loaded by transformers, e.g. ``models.load_model(path, "float32", "cpu")``) on the common prefix. A margin far
-    below bf16's resolution of the logits (~0.06 at |logit| ~ 16) is a near-tie that a different kernel shape (a
-    B-token verify vs a 1-token step) can flip; a large margin would be a bug."""
-    import torch
-    rows = [(i, next((j for j, (a, b) in enumerate(zip(p, s)) if a != b), min(len(p), len(s))))
-            for i, (p, s) in enumerate(zip(plain, spec)) if p != s]
-    out = []
-    with torch.no_grad():
-        for i, j in rows:
-            ids = torch.tensor([prompts[i] + plain[i][:j]])
-            logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
-            top = torch.topk(logits, 2)
-            a = plain[i][j] if j < len(plain[i]) else None
-            b = spec[i][j] if j < len(spec[i]) else None
-            out.append({"prompt": i, "position": j, "plain_token": a, "spec_token": b,
-                        "margin": float(top.values[0] - top.values[1]), "reference_token": int(top.indices[0]),
-                        "reference_agrees_with": "plain" if a == int(top.indices[0]) else
-                        "speculative" if b == int(top.indices[0]) else "neither"})
-    return out
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..decode_stats import mismatch_causes
 from ..runio import finish_run, read_json, start_run
-from ..serving import FULL_CMD, mismatch_causes, serve_and_probe, vllm_acceptance_ci
+from ..serving import FULL_CMD, serve_and_probe, vllm_acceptance_ci
 from ..vllm_jobs import job_in_subprocess, jobs_in_one_process, vllm_env, vllm_python
 
 

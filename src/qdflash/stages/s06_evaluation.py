@@ -90,8 +90,17 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
         results["qad (our loop, plain)"] = gate_scores(rp, n_p, tasks, cfg.thresholds, s_p)
         results["qad (our loop, speculative)"] = gate_scores(rs, n_s, tasks, cfg.thresholds, s_s)
         st = acceptance_stats(withd.results)
+        # every speculative output whose tokens differ from plain greedy, with its first differing position and the
+        # target's fp32 top-2 margin there: a near-tie that the bf16 verify flips, or (a large margin) a bug
+        from ..models import load_model
+        from ..decode_stats import mismatch_causes
+        toks_p, toks_s = [r.tokens for r in plain.results], [r.tokens for r in withd.results]
+        ref = load_model(models["qad"], "float32", "cpu") if toks_p != toks_s else None
+        causes = mismatch_causes(ref, plain.prompt_ids, toks_p, toks_s) if ref is not None else []
         spec = {"outputs": len(plain.outputs), "dtype": cfg.dtype,
                 "mismatched_outputs": sum(a != b for a, b in zip(plain.outputs, withd.outputs)),
+                "mismatched_token_outputs": len(causes), "mismatch_causes": causes,
+                "max_mismatch_margin": max((c["margin"] for c in causes), default=None),
                 **{k: st[k] for k in ("tau", "tau_ci95", "per_position", "per_position_ci95", "steps", "prompts")
                    if k in st}}
     bar.close()
