@@ -209,7 +209,7 @@ class OnlineFeatures:
                 # clone: the graph's output buffer is reused by its next replay
                 f = self._fwd(self.target, ids.to(dev), att.to(dev), self.layer_ids).clone()
                 feats = [f[r, : len(x)] for r, x in enumerate(seqs)]
-                self._padded = (list(idx), f)
+                self._padded = (list(idx), f, torch.tensor([len(x) for x in seqs], device=f.device))
         self._cur = dict(zip(idx, feats))
         self.computed_rows += len(idx)
 
@@ -217,11 +217,10 @@ class OnlineFeatures:
         """The prefetched batch ``idx`` as one [len(idx), width, hidden] tensor, row r's features in its first
         len(row) positions and zeros after (what ``make_batch`` would assemble row by row), without a copy per row;
         None unless the batch came from the compiled (``static``) forward."""
-        got = getattr(self, "_padded", None)
-        if got is None or got[0] != list(idx):
+        if self._padded is None or self._padded[0] != list(idx):
             return None
-        lens = torch.tensor([len(self.rows[i]["input_ids"][: self.max_len]) for i in idx], device=got[1].device)
-        f = got[1][: len(idx), :width]
+        _, f, lens = self._padded
+        f = f[: len(idx), :width]
         return f * (torch.arange(width, device=f.device)[None, :] < lens[:, None])[..., None].to(f.dtype)
 
     def __getitem__(self, i: int) -> torch.Tensor:
