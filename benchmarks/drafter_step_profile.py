@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch", type=int, default=0, help="override the preset's batch size")
     ap.add_argument("--ce-chunk", type=int, default=-1, help="override the preset's ce_chunk (-1: keep)")
+    ap.add_argument("--layers", type=int, default=0, help="override the preset's drafter depth (num_layers)")
     ap.add_argument("--draft-vocab", type=int, default=0, help="a reduced draft vocabulary of N tokens")
     ap.add_argument("--compile-features", action="store_true",
                     help="the target's feature forward padded to one shape and compiled (CUDA graphs)")
@@ -51,6 +52,8 @@ def main() -> None:
         over["ce_chunk"] = args.ce_chunk
     if args.compile_features:
         over["compile_features"] = True
+    if args.layers:
+        over["num_layers"] = args.layers
     cfg = load_config(DrafterConfig, args.preset, **over)
     if args.synthetic:
         from transformers import LlamaConfig, LlamaForCausalLM

@@ -26,12 +26,14 @@ if [ "$PHASE" = setup ]; then
   for v in ${XL_VARIANTS:-chunk nochunk vocab8k cfeat}; do case $v in
     chunk) A="--ce-chunk 4096";; nochunk) A="--ce-chunk 0";; vocab8k) A="--ce-chunk 4096 --draft-vocab 8192";;
     cfeat) A="--ce-chunk 4096 --compile-features";; cfeat128) A="--ce-chunk 4096 --compile-features --batch 128";;
+    cfeat128L4) A="--ce-chunk 4096 --compile-features --batch 128 --layers 4";;
+    cfeat128v8k) A="--ce-chunk 4096 --compile-features --batch 128 --draft-vocab 8192";;
     b128) A="--ce-chunk 4096 --batch 128";; compile) A="--ce-chunk 4096 --compile";; *) echo "unknown variant $v"; continue;;
   esac
   timeout 240 $P $A --out $O/step-$v.json > $O/log-step-$v.txt 2>&1; echo "variant $v rc=$?"; done
   python3 - <<'PY'
 import json, os
-for n in ("base", "chunk", "nochunk", "vocab8k", "cfeat", "cfeat128", "b128", "compile"):
+for n in ("base", "chunk", "nochunk", "vocab8k", "cfeat", "cfeat128", "cfeat128L4", "cfeat128v8k", "b128", "compile"):
     f = f"/tmp/o/step-{n}.json"
     if os.path.exists(f):
         d = json.load(open(f))

@@ -91,3 +91,22 @@ def test_static_compiled_online_features_equal_the_eager_ones():
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-4, msg=k)
     assert static.padded_batch([1, 4, 0], 32)[2, 12:].abs().sum() == 0 and a["ctx"][2, 12:].abs().sum() == 0
+
+
+def test_stage_03_without_the_direct_ablation_trains_and_grids_no_direct_drafter(tiny_pipeline, tmp_path, one_thread):
+    """``direct_ablation=False`` (the smol-gpu-xl preset, to fit its GPU budget): stage 03 trains the two-stage
+    drafter only, its grid has no direct row on either target, and the saved result reads back without one."""
+    from qdflash.config import DrafterConfig, load_config
+    from qdflash.stages.s03_drafter_finetune import run_drafter_finetune, saved_result
+    runs = tiny_pipeline["runs"]
+    cfg = load_config(DrafterConfig, "tiny", direct_ablation=False)
+    res = run_drafter_finetune(cfg, tmp_path / "03", runs / "00_data", runs / "02_drafter_pretrain", runs / "01_qad",
+                               progress=False)
+    m = json.loads((tmp_path / "03" / "metrics.json").read_text())
+    assert set(m["drafters"]) == {"pretrain", "two_stage"} and set(m["train"]) == {"two_stage"}
+    assert not list((tmp_path / "03").glob("*direct*"))
+    for t in ("fp", "qad"):
+        assert "direct" not in m["decoding"][t] and {"plain", "pretrain", "two_stage"} <= set(m["decoding"][t])
+    assert set(saved_result(tmp_path / "03", m).drafters) == set(res.drafters) == {"pretrain", "two_stage"}
+    full = json.loads((runs / "03_drafter_finetune" / "metrics.json").read_text())
+    assert "direct" in full["drafters"] and "direct" in full["decoding"]["qad"]   # the default keeps the ablation
