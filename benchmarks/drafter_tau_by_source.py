@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--decoder", default="graphs")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--walk", action="store_true", help="measure every drafter by teacher forcing along the plain "
+                    "greedy outputs (walk.Walker: the decoder's tau without a decode per drafter)")
     args = ap.parse_args()
     from qdflash.data import load_split, source_group, source_of
     from qdflash.decode_grid import decode_grid
@@ -50,7 +52,8 @@ def main() -> None:
     grid_path = Path(args.out).with_suffix(".grid.json")
     stats = decode_grid(grid_path, target, {"target": spec, "prompts": prompts, "max_new_tokens": args.new,
                                             "dtype": args.dtype, "temperature": 0.0, "seed": 0,
-                                            "decoder": args.decoder}, drafters, tok.eos_token_id, progress=True)
+                                            "decoder": args.decoder}, drafters, tok.eos_token_id, progress=True,
+                        walk=list(drafters) if args.walk else ())
     saved = json.loads(grid_path.read_text())["results"]
     by_group = tau_by_group(grid_path, groups)
     out = {"command": "python benchmarks/drafter_tau_by_source.py " + " ".join(

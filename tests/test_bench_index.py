@@ -105,3 +105,19 @@ def test_a_stage_run_records_commit_machine_versions_and_command(tmp_path, monke
     assert "model" in run["cpu"] or not Path("/proc/cpuinfo").exists()
     assert json.loads((out / "config.json").read_text())["stage"] == "00_data"
     assert finish_run(out, {"x": 1}, 0.0)["git_sha"] == "0123abc"
+
+
+def test_the_depth_summary_pairs_the_runs_on_their_prompts_and_sums_the_stage_minutes():
+    """gpu_xl_depth_summary's depth gain is the paired bootstrap of the two runs' two-stage drafters on the QAD target
+    (it fails if the runs' prompts were not the same or the sign were flipped), and its 00-04 minutes are the sum of
+    stage_times.txt."""
+    from qdflash.decode_stats import paired_bootstrap, results_from_json
+    from qdflash.gpu_results import gpu_xl_depth_summary, stage_seconds
+    new, old = BENCH / "smol-gpu-xl/run-1206d-h100", BENCH / "smol-gpu-xl/run-1206c-h100"
+    a, b = (json.loads((d / "decode-qad.json").read_text()) for d in (new, old))
+    assert a["prompts"] == b["prompts"]
+    p = paired_bootstrap(results_from_json(a["results"]["two_stage"]), results_from_json(b["results"]["two_stage"]))
+    text = gpu_xl_depth_summary(new, old)
+    assert f"two-stage drafter on the QAD target {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to" in text
+    total = sum(sum(v) for v in stage_seconds(new / "stage_times.txt").values()) / 60
+    assert f"**{total:.1f} minutes for stages 00-04**" in text

@@ -332,3 +332,64 @@ def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> st
         f"the QAD target: " + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + "; wall-clock speed-up of "
         f"speculation over plain decoding {sp[0]:.2f}-{sp[1]:.2f}x (95% CI): at this tau it does not pay on a 135M target.")
     return "\n".join(lines) + "\n"
+
+
+def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
+    """Markdown lines for a ``smol-gpu-xl`` run of stages 00-04 with a deeper drafter (``gpu_xl.sh setup`` with the
+    step variants ``cfeat128``, ``cfeat128L4``, ``cfeat128v8k``, then ``go`` with ``XL_02="--set num_layers=N"``):
+    the step cost of depth and of an 8K draft vocabulary, minutes per stage, and the drafters paired over the same
+    prompts with ``earlier_run``'s (the same data and recipe at the preset's depth). Every number read from its JSON."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json, speedup_ci95
+    d, e = Path(run_dir), Path(earlier_run)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    m0, m1, m2 = rd(d / "metrics-00_data.json"), rd(d / "metrics-01_qad.json"), rd(d / "metrics-02_drafter_pretrain.json")
+    m3, m4 = rd(d / "metrics-03_drafter_finetune.json"), rd(d / "metrics-04_drafter_quant.json")
+    cfg, old_cfg = rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json")
+    res = {(t, k): results_from_json(v) for t in ("fp", "qad") for k, v in rd(d / f"decode-{t}.json")["results"].items()}
+    old = {(t, k): results_from_json(v) for t in ("fp", "qad") for k, v in rd(e / f"decode-{t}.json")["results"].items()}
+    steps = {k: rd(d / f"step-{k}.json") for k in ("cfeat128", "cfeat128L4", "cfeat128v8k")}
+    secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
+    ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
+    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
+    tau = {k: acceptance_stats(v) for k, v in res.items() if k[1] != "plain"}
+    L, L0 = cfg["num_layers"], old_cfg["num_layers"]
+    ms = lambda k: 1e3 * steps[k]["loop_s_per_step"]       # noqa: E731
+    gpu = steps["cfeat128"]["provenance"]["gpu"]
+    total = sum(secs[s] for s in ("00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant"))
+    n03 = len(stage_seconds(d / "stage_times.txt")["03_drafter_finetune"])
+    two, pre = tau[("qad", "two_stage")], tau[("qad", "pretrain")]
+    sp = speedup_ci95(res[("qad", "plain")], res[("qad", "two_stage")])
+    q = m4["table"]["fp32"]["paired_tau_diff"]
+    swa = m4["table"][f"fp32-swa{m4['swa_window']}"]
+    lines = [
+        f"- One {gpu}, commit {m0['git_sha'][:7]}, the preset with a {L}-layer drafter (`--set num_layers={L}`, "
+        f"stages 02 and 03) and stage 03 without the direct ablation, the non-headline rows walked; minutes per stage "
+        f"(calls of at most 10 minutes): 00 {secs['00_data']:.1f}, 01 {secs['01_qad']:.1f}, 02 "
+        f"{secs['02_drafter_pretrain']:.1f}, 03 {secs['03_drafter_finetune']:.1f} (in {n03} calls: cut at a call's "
+        f"limit and resumed from its checkpoints), 04 {secs['04_drafter_quant']:.1f}: **{total:.1f} minutes for "
+        f"stages 00-04**. Stage 00 regenerated the same {m0['regeneration']['output_tokens']:,} tokens at "
+        f"{m0['regeneration']['output_tokens_per_s'] / 1e3:.1f}K output tok/s; stage 01's held-out KL "
+        f"{m1['qad_vs_gptq_kl']['ratio']:.2f}x GPTQ's.",
+        f"- Drafter step (`drafter_step_profile.py --synthetic 4096`, batch {steps['cfeat128']['batch_size']}, "
+        f"compiled features, `train_drafter` over {steps['cfeat128']['loop_steps']} steps, one run each): "
+        f"{L0} layers {ms('cfeat128'):.0f} ms/step, {L} layers {ms('cfeat128L4'):.0f} ms "
+        f"({ms('cfeat128L4') / ms('cfeat128'):.2f}x), {L0} layers with an 8K draft vocabulary {ms('cfeat128v8k'):.0f} ms "
+        f"({ms('cfeat128v8k') / ms('cfeat128'):.2f}x). Stage 02 on real data: {m2['train']['steps']:,} steps in "
+        f"{m2['train']['train_s']:.0f} s ({1e3 * m2['train']['train_s'] / m2['train']['steps']:.0f} ms/step; one seed).",
+        f"- Depth {L0} -> {L}, paired over the same 64 held-out real prompts x 128 tokens (same data, same recipe; "
+        f"`{e.name}/`; one seed each): the pretrained drafter on the FP target tau "
+        f"{tau[('fp', 'pretrain')]['tau']:.3f} ({ci(tau[('fp', 'pretrain')]['tau_ci95'])}), "
+        f"{dci(paired_bootstrap(res[('fp', 'pretrain')], old[('fp', 'pretrain')]))}; the two-stage drafter on the QAD "
+        f"target {dci(paired_bootstrap(res[('qad', 'two_stage')], old[('qad', 'two_stage')]))}.",
+        f"- On the QAD target the two-stage drafter decodes at **tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, "
+        f"the pretrained one {pre['tau']:.3f} ({ci(pre['tau_ci95'])}): two-stage gain "
+        f"{dci(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}; acceptance by draft position "
+        + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + f"; speculation over plain decoding at batch 1 "
+        f"(CUDA graphs, fp32) {sp[0]:.2f}-{sp[1]:.2f}x.",
+        f"- Stage 04 at this tau (paired over the same prompts): W4A16 GPTQ drafter - fp32 drafter "
+        f"{-q['w4a16']['diff']:+.3f} ({-q['w4a16']['diff_ci95'][1]:+.3f} to {-q['w4a16']['diff_ci95'][0]:+.3f}), "
+        f"W8A16 RTN {-q['w8a16']['diff']:+.3f} ({-q['w8a16']['diff_ci95'][1]:+.3f} to "
+        f"{-q['w8a16']['diff_ci95'][0]:+.3f}); served with a {m4['swa_window']}-token window it was not trained with, "
+        f"tau {swa['tau']:.3f} ({ci(swa['tau_ci95'])}).",
+    ]
+    return "\n".join(lines) + "\n"

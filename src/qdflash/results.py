@@ -320,6 +320,13 @@ def _gpu_xl_two_stage(reads: list[Path], root: Path) -> str:
             + gpu_xl_two_stage_summary(run, earlier))
 
 
+def _gpu_xl_depth(reads: list[Path], root: Path) -> str:
+    from .gpu_results import gpu_xl_depth_summary
+    run, earlier = reads[0].parent, reads[1].parent
+    return (f"\n`smol-gpu-xl` stages 00-04 with a 4-layer drafter (`{rel(run)}/`):\n\n"
+            + gpu_xl_depth_summary(run, earlier))
+
+
 def _table(table: str, title):
     """A section that is one table of a ``gpu_results`` function over the one file (or folder) it reads; ``title``
     gets that path."""
@@ -353,6 +360,7 @@ SECTIONS = {
     "gpu_xl": _gpu_xl,
     "gpu_xl_training": _gpu_xl_training,
     "gpu_xl_two_stage": _gpu_xl_two_stage,
+    "gpu_xl_depth": _gpu_xl_depth,
     "plain_decode": _table("plain_decode_table", lambda p: (
         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
         f"(`benchmarks/gpu_fast_decode.py`; `{rel(p.parent)}/`)")),
