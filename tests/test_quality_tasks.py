@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from qdflash.quality_tasks import make_agreement, make_products, relative_to_teacher, write_quality_tasks
+from qdflash.quality_tasks import (make_agreement, make_products, paired_between, relative_to_teacher,
+                                   write_quality_tasks)
 
 
 def _oracle_lm(right: bool):
@@ -65,3 +66,23 @@ def test_fraction_of_teacher_is_paired():
     assert r["diff"] == pytest.approx(-1 / 6)
     assert r["fraction_ci95"][0] <= 3 / 4 <= r["fraction_ci95"][1] <= 1.0
     assert "teacher" not in relative_to_teacher(items)
+
+
+def test_qad_against_gptq_is_paired_over_the_same_items():
+    """QAD right on 30 more of 200 items than GPTQ, the rest equal: the paired difference is +0.15 with an interval that
+    excludes 0 (the items' shared difficulty cancels); a model scored on other items is not paired."""
+    import random
+    rng = random.Random(0)
+    hard = [rng.random() < 0.5 for _ in range(200)]
+    gptq = [0.0 if h else 1.0 for h in hard]
+    qad = list(gptq)
+    flips = [i for i, g in enumerate(gptq) if g == 0.0][:30]
+    for i in flips:
+        qad[i] = 1.0
+    p = paired_between({"qad": {"t": qad}, "gptq": {"t": gptq}, "rtn": {"t": gptq[:100]}})
+    d = p["qad - gptq"]["t"]
+    lo, hi = d["diff_ci95"]
+    assert d["diff"] == pytest.approx(0.15) and lo > 0.09 and d["items"] == 200
+    assert hi - lo < 0.12                   # unpaired (two independent proportions) it would be ~0.19 wide
+    assert d["a"] - d["b"] == pytest.approx(d["diff"])
+    assert "qad - rtn" not in p

@@ -108,9 +108,9 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
     (out / "lm_eval_results.json").write_text(json.dumps(raw, indent=1, default=str))
     quality = {}
     if qtasks:
-        from ..quality_tasks import CHANCE, relative_to_teacher
+        from ..quality_tasks import CHANCE, paired_between, relative_to_teacher
         quality = {"tasks": qtasks, "chance": {t: CHANCE[t] for t in qtasks},
-                   "vs_teacher": relative_to_teacher(q_items)}
+                   "vs_teacher": relative_to_teacher(q_items), "paired": paired_between(q_items)}
     m = finish_run(out, {"results": results, "speculation_check": spec, "tasks": tasks, "quality": quality,
                          "thinking": {t: THINKING_FULL.get(t) for t in tasks} if cfg.preset == "full" else None,
                          "max_gen_toks": cfg.max_gen_toks, "dtype": cfg.dtype,
