@@ -393,3 +393,35 @@ def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"tau {swa['tau']:.3f} ({ci(swa['tau_ci95'])}).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def draft_vocab_summary(folder: str | Path) -> str:
+    """Markdown lines for ``benchmarks/cpu-draft-vocab/``: stage 02's training time with the whole vocabulary (A), a
+    reduced draft vocabulary (B) and that with 4x the anchors (C), and their walked tau paired over the same prompts."""
+    from .decode_stats import paired_bootstrap, results_from_json
+    d = Path(folder)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    m = {v: rd(d / f"{v}-02-metrics.json") for v in "ABC"}
+    c = {v: rd(d / f"{v}-02-config.json") for v in "ABC"}
+    tw = rd(d / "tau-walk.json")
+    res = {k: results_from_json(v) for k, v in rd(d / "tau-walk.grid.json")["results"].items()}
+    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
+    t = {v: tw["drafters"][v] for v in "ABC"}
+    tr = {v: m[v]["train"] for v in "ABC"}
+    cpu = rd(d / "A-02-run.json")["cpu"]["model"]
+    return (
+        f"- Stage 02 of `smol` on one {cpu} (2 cores, {tr['A']['steps']} steps, one run each, one seed): the whole "
+        f"vocabulary {tr['A']['train_s']:.0f} s; a draft vocabulary of the {m['B']['draft_vocab']['size']:,} tokens "
+        f"the training answers use (`draft_vocab={c['B']['draft_vocab']}`) {tr['B']['train_s']:.0f} s "
+        f"({tr['A']['train_s'] / tr['B']['train_s']:.1f}x faster); that with {c['C']['num_anchors']} anchors per "
+        f"conversation instead of {c['A']['num_anchors']} {tr['C']['train_s']:.0f} s.\n"
+        f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: whole "
+        f"vocabulary {t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); reduced "
+        f"{t['B']['tau']:.3f}, {dci(paired_bootstrap(res['B'], res['A']))} paired; reduced with "
+        f"{c['C']['num_anchors']} anchors {t['C']['tau']:.3f}, {dci(paired_bootstrap(res['C'], res['A']))} paired. "
+        + (f"The interval of the reduced vocabulary includes 0 and excludes a loss above "
+           f"{-paired_bootstrap(res['B'], res['A'])['diff_ci95'][0]:.3f} at this tau. "
+           if paired_bootstrap(res['B'], res['A'])['diff_ci95'][0] < 0 < paired_bootstrap(res['B'], res['A'])['diff_ci95'][1]
+           else "") +
+        "vLLM's dflash method cannot serve a reduced vocabulary (no draft-to-target map), so the preset keeps the "
+        "whole vocabulary.\n")

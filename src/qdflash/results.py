@@ -327,6 +327,12 @@ def _gpu_xl_depth(reads: list[Path], root: Path) -> str:
             + gpu_xl_depth_summary(run, earlier))
 
 
+def _draft_vocab(reads: list[Path], root: Path) -> str:
+    from .gpu_results import draft_vocab_summary
+    folder = reads[0].parent
+    return f"\nA reduced draft vocabulary on this 2-core CPU (`{rel(folder)}/`):\n\n" + draft_vocab_summary(folder)
+
+
 def _table(table: str, title):
     """A section that is one table of a ``gpu_results`` function over the one file (or folder) it reads; ``title``
     gets that path."""
@@ -361,6 +367,7 @@ SECTIONS = {
     "gpu_xl_training": _gpu_xl_training,
     "gpu_xl_two_stage": _gpu_xl_two_stage,
     "gpu_xl_depth": _gpu_xl_depth,
+    "draft_vocab": _draft_vocab,
     "plain_decode": _table("plain_decode_table", lambda p: (
         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
         f"(`benchmarks/gpu_fast_decode.py`; `{rel(p.parent)}/`)")),
