@@ -169,9 +169,15 @@ def _above(m: dict, model: str, task: str) -> float | None:
     return None if c is None or t == c else (m["results"][model]["quality"][task]["score"] - c) / (t - c)
 
 
+def _paired_text(q: dict, model: str, task: str) -> str:
+    d = (q.get("paired") or {}).get(f"qad - {model}", {}).get(task)
+    return f"{d['diff']:+.3f} ({d['diff_ci95'][0]:+.3f}–{d['diff_ci95'][1]:+.3f})" if d else ""
+
+
 def quality_table(eval_dir) -> pd.DataFrame:
     """Log-likelihood quality tasks (quality_tasks): accuracy per model and, for the quantized ones, the fraction of
-    the teacher's score with its paired bootstrap interval over items."""
+    the teacher's score with its paired bootstrap interval over items, and QAD's score minus GPTQ's / RTN's, paired
+    over the same items."""
     m = _m(eval_dir)
     q = m.get("quality") or {}
     rows = []
@@ -182,7 +188,8 @@ def quality_table(eval_dir) -> pd.DataFrame:
                          "acc": v["score"], "acc 95% CI": ci_text(v, "score_ci95"),
                          "x teacher": rel.get("fraction_of_teacher", 1.0 if model == "teacher" else None),
                          "x teacher 95% CI": ci_text(rel, "fraction_ci95"),
-                         "above chance x teacher": rel.get("above_chance_fraction", _above(m, model, task))})
+                         "above chance x teacher": rel.get("above_chance_fraction", _above(m, model, task)),
+                         "QAD minus this (paired 95% CI)": _paired_text(q, model, task)})
     return pd.DataFrame(rows).set_index(["task", "model"]) if rows else pd.DataFrame()
 
 
@@ -222,23 +229,42 @@ def tables_markdown(root, level: int = 3, only: set[str] | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- figures
-def training_curves(run_dir):
-    """QAD KL per step (01) or drafter loss per step (02/03)."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+def training_frame(run_dir) -> tuple[pd.DataFrame, int]:
+    """(the curves ``training_curves`` plots: run, step, value; the steps the two-stage drafter's curve is shifted by)."""
     m = _m(run_dir)
     curves = []
     if "curve" in m:
         curves += [{"run": "QAD", "step": c["step"], "value": c["kl"], "metric": "KL"} for c in m["curve"]]
     tr = m.get("train", {})
     items = {"pretrain": tr} if "curve" in tr else {k: v for k, v in tr.items() if isinstance(v, dict) and "curve" in v}
+    # stage 03 compared by compute: the two-stage drafter's finetune starts where its pretraining (stage 02, the same
+    # batch and anchors per step) ended, so every curve's x is the drafter steps it has trained in all
+    offset, pre = 0, Path(run_dir).parent / "02_drafter_pretrain" / "metrics.json"
+    if "two_stage" in items and pre.exists():
+        ptr = read_json(pre).get("train", {})
+        if "curve" in ptr:
+            offset = int(ptr.get("steps") or ptr["curve"][-1]["step"])
+            items = {"pretrain (stage 02)": ptr, **items}
     for name, info in items.items():
-        curves += [{"run": name, "step": c["step"], "value": c["loss"], "metric": "drafter loss"} for c in info["curve"]]
-    df = pd.DataFrame(curves)
+        off = offset if name == "two_stage" else 0
+        curves += [{"run": name, "step": c["step"] + off, "value": c["loss"], "metric": "drafter loss"}
+                   for c in info["curve"]]
+    return pd.DataFrame(curves), offset
+
+
+def training_curves(run_dir):
+    """QAD KL per step (01) or drafter loss per step (02/03; in 03 by the drafter steps trained in all, so that the
+    two-stage and direct drafters compare at equal compute)."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    m = _m(run_dir)
+    df, offset = training_frame(run_dir)
     fig, ax = plt.subplots(figsize=(5, 3.2))
     if len(df):
         sns.lineplot(data=df, x="step", y="value", hue="run", ax=ax)
     ax.set_ylabel("KL to the teacher" if "curve" in m else "training loss")
+    if offset:
+        ax.set_xlabel("drafter training steps in all (two-stage: after its pretraining)")
     fig.tight_layout()
     return fig
 
@@ -291,16 +317,32 @@ def qad_kl_plot(qad_dir):
     return fig
 
 
+def _quantized(key: str) -> bool:
+    return key.split("-swa")[0] in ("w4a16", "w8a16")
+
+
 def per_position_plot(stage_dir):
     """Acceptance rate per draft position with its 95% interval over prompts: the decoding grid of 03 (drafter x
-    target) or the precision x SWA table of 04."""
+    target), or for 04 the fp32 drafter with and without the window, beside the quantized drafters' tau minus the fp32
+    drafter's, paired over the same prompts (their per-position curves lie on the fp32 one: plotted as curves they
+    would hide each other and show nothing)."""
     import matplotlib.pyplot as plt
     m = _m(stage_dir)
+    diffs = {}
     if "decoding" in m:
         series = {f"{d} / {t}": st for t, res in m["decoding"].items() for d, st in res.items() if d != "plain"}
     else:
-        series = {k.replace("-swa", " / SWA "): st for k, st in m["table"].items() if not k.startswith("plain")}
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+        tab = m["table"]
+        series = {k.replace("-swa", " / SWA "): st for k, st in tab.items()
+                  if not k.startswith("plain") and not _quantized(k)}
+        for k, st in tab.items():
+            d = (st.get("paired_tau_diff") or {}).get("fp32") if _quantized(k) else None
+            if d:
+                prec, _, w = k.partition("-swa")
+                diffs[f"{prec.upper()} - fp32" + (f" (SWA {w})" if w else "")] = d
+    fig, axes = plt.subplots(1, 2 if diffs else 1, figsize=(9.5 if diffs else 5.5, 3.4), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]} if diffs else None)
+    ax = axes[0][0]
     for label, st in series.items():
         pp = st.get("per_position", [])
         xs = list(range(len(pp)))
@@ -309,11 +351,21 @@ def per_position_plot(stage_dir):
         if ci and len(ci) == len(pp):
             ax.fill_between(xs, [c[0] for c in ci], [c[1] for c in ci], color=line.get_color(), alpha=0.12)
     ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate")
+    ax.set_ylabel("acceptance rate (95% CI, prompts)")
     ax.set_ylim(0, 1)
     if series:
         ax.set_xticks(range(max(len(st.get("per_position", [])) for st in series.values())))
-        ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+        ax.legend(fontsize=7, loc="upper right")
+    if diffs:
+        b = axes[0][1]
+        names = list(diffs)
+        ys = [diffs[n]["diff"] for n in names]
+        err = [[y - diffs[n]["diff_ci95"][0] for n, y in zip(names, ys)],
+               [diffs[n]["diff_ci95"][1] - y for n, y in zip(names, ys)]]
+        b.errorbar(ys, range(len(names)), xerr=err, fmt="o", capsize=4)
+        b.axvline(0.0, color="k", lw=0.8)
+        b.set_yticks(range(len(names)), names, fontsize=8)
+        b.set_xlabel("tau difference (paired 95% CI, prompts)")
     fig.tight_layout()
     return fig
 
@@ -354,15 +406,17 @@ def _ms_step(st: dict) -> float | None:
 
 
 def time_split_plot(dq_dir):
-    """Milliseconds per verify step: the drafter's for every speculative row, the verifier's where it ran (walked
-    rows, ``walk.Walker``, run no verifier)."""
+    """Milliseconds per verify step, the drafter's and the verifier's, for the rows that were decoded. Walked rows
+    (``walk.Walker``) ran no verifier: beside decoded rows their drafter-only bars would look cheaper than plain
+    decoding, so they are left out (their drafter ms/step is in the stage's table)."""
     import matplotlib.pyplot as plt
     tm = _m(dq_dir)["table"]
-    split = pd.DataFrame([{"config": k + (" (walked)" if v.get("measured_by") == "walk" else ""),
-                           "drafter": _ms_step(v) or 0.0,
+    split = pd.DataFrame([{"config": k, "drafter": _ms_step(v) or 0.0,
                            "verifier": (1e3 * v["verify_time_s"] / v["steps"]
                                         if v.get("verify_time_s") is not None and v.get("steps") else float("nan"))}
-                          for k, v in tm.items()]).set_index("config")
+                          for k, v in tm.items() if v.get("measured_by") != "walk"
+                          and not k.startswith("plain_")],        # plain_swa: the plain row again, for the SWA group
+                         columns=["config", "drafter", "verifier"]).set_index("config")
     fig, ax = plt.subplots(figsize=(6, 3.2))
     split.plot.barh(stacked=True, ax=ax)
     ax.set_xlabel("ms per verify step")

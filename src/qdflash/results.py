@@ -136,6 +136,10 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
         for task, v in ((m6.get("quality") or {}).get("vs_teacher", {}).get(model) or {}).items():
             rows.append((f"{name}'s score on `{task}` as a fraction of the teacher's", f"`{preset}` 06",
                          f"{v['fraction_of_teacher']:.3f}", _interval(v, "fraction_ci95", "items", "items")))
+    for task, v in ((m6.get("quality") or {}).get("paired", {}).get("qad - gptq") or {}).items():
+        lo, hi = v["diff_ci95"]
+        rows.append((f"QAD minus GPTQ W4A16 score on `{task}`, paired over the same items", f"`{preset}` 06",
+                     f"{v['diff']:+.3f}", f"{lo:+.3f}–{hi:+.3f} ({v['items']} items)"))
     for show, reads in bench_index.readme_sections(preset):
         if show == "gpu_stage03" and all(p.exists() for p in reads):
             gpu = _two_stage_rows(read_json(reads[0]), "`smol-gpu` 03", ("direct",))

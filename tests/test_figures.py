@@ -1,0 +1,42 @@
+"""What the figures show, on the committed smol results (seconds, no run): no plot of curves that lie on each other,
+no drafter-only bar beside decoded rows, training curves of stage 03 aligned by the drafter steps trained in all."""
+import json
+
+import matplotlib
+import pytest
+
+from conftest import REPO
+
+matplotlib.use("Agg")
+RES = REPO / "results" / "smol"
+
+
+def test_per_position_plots_distinct_curves_and_the_quantized_drafters_as_paired_differences():
+    from qdflash.figures import per_position_plot
+    tab = json.loads((RES / "04_drafter_quant" / "metrics.json").read_text())["table"]
+    fig = per_position_plot(RES / "04_drafter_quant")
+    curves = [ln.get_label() for ln in fig.axes[0].lines]
+    assert curves and not any(c.startswith(("w4a16", "w8a16")) for c in curves)
+    quantized = [k for k in tab if k.split("-swa")[0] in ("w4a16", "w8a16")]
+    assert len(fig.axes) == 2 and len(fig.axes[1].get_yticklabels()) == len(quantized)
+    # the right panel's points are each quantized row's paired difference to the fp32 drafter of its group
+    xs = sorted(float(x) for x in fig.axes[1].lines[0].get_xdata())
+    assert xs == pytest.approx(sorted(tab[k]["paired_tau_diff"]["fp32"]["diff"] for k in quantized))
+
+
+def test_time_split_leaves_out_walked_rows_and_the_repeated_plain_row():
+    from qdflash.figures import time_split_plot
+    tab = json.loads((RES / "04_drafter_quant" / "metrics.json").read_text())["table"]
+    shown = {t.get_text() for t in time_split_plot(RES / "04_drafter_quant").axes[0].get_yticklabels()}
+    assert shown == {k for k, v in tab.items() if v.get("measured_by") != "walk" and not k.startswith("plain_")}
+    assert any(v.get("measured_by") == "walk" for v in tab.values())     # there was something to leave out
+
+
+def test_stage_03_training_curves_continue_the_two_stage_drafter_after_its_pretraining():
+    from qdflash.figures import training_curves, training_frame
+    pre = json.loads((RES / "02_drafter_pretrain" / "metrics.json").read_text())["train"]["steps"]
+    df, offset = training_frame(RES / "03_drafter_finetune")
+    first = df.groupby("run")["step"].min()
+    assert offset == pre and first["two_stage"] == pre + 1 and first["direct"] == 1
+    assert df.groupby("run")["step"].max()["pretrain (stage 02)"] == pre
+    assert "after its pretraining" in training_curves(RES / "03_drafter_finetune").axes[0].get_xlabel()
