@@ -40,3 +40,17 @@ def test_stage_03_training_curves_continue_the_two_stage_drafter_after_its_pretr
     assert offset == pre and first["two_stage"] == pre + 1 and first["direct"] == 1
     assert df.groupby("run")["step"].max()["pretrain (stage 02)"] == pre
     assert "after its pretraining" in training_curves(RES / "03_drafter_finetune").axes[0].get_xlabel()
+
+
+def test_the_readme_states_where_decoding_is_lossless_from_the_saved_counts():
+    from qdflash.results import _lossless_note, _metrics, readme_block
+    m3, m5, m6 = (_metrics(RES, s) for s in ("03_drafter_finetune", "05_serving", "06_evaluation"))
+    note = _lossless_note(m3, m5, m6)
+    dec = [st for res in m3["decoding"].values() for d, st in res.items() if st.get("measured_by") == "decoder"
+           and d != "plain"]
+    assert f"(stage 03): {sum(s['mismatched_outputs'] for s in dec)} of {sum(s['prompts'] for s in dec)} differ" in note
+    vllm = sum(v["greedy_mismatches_vs_plain"] for v in m5["offline"].values()
+               if v.get("greedy_mismatches_vs_plain") is not None)
+    assert f"(stage 05): {vllm} of " in note
+    assert f"(stage 06): {m6['speculation_check'].get('mismatched_token_outputs', m6['speculation_check']['mismatched_outputs'])} of" in note
+    assert note in readme_block("smol")

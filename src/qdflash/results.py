@@ -159,11 +159,42 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
             f"95% bootstrap intervals. Every table: [docs/results-{preset}.md](docs/results-{preset}.md).*\n\n")
     table = ("| run, stage | result | value | 95% CI |\n|:--|:--|--:|:--|\n"
              + "".join(f"| {stage} | {what} | {value} | {ci} |\n" for what, stage, value, ci in rows)) if rows else ""
+    lossless = _lossless_note(m3, _metrics(root, "05_serving"), m6)
+    if lossless:
+        notes.append(lossless)
     from .figures import stage_times_table
     st = stage_times_table(root)
     if len(st):
         notes.insert(0, f"Wall time of the `{preset}` run, all stages: {st['wall time s']['total']:.0f} s.")
     return head + table + "".join(f"\n{n}\n" for n in notes)
+
+
+def _lossless_note(m3: dict, m5: dict, m6: dict) -> str:
+    """Where speculative decoding gave plain greedy decoding's tokens, from the saved counts: the fp32 reference
+    decoder's rows of stage 03, vLLM in bf16 (stage 05) and the bf16 reference decoder of stage 06, with the largest
+    fp32 top-2 margin of the target at a first difference (a near-tie flipped by bf16 rounding when small)."""
+    parts = []
+    rows = [st for res in (m3.get("decoding") or {}).values() for d, st in res.items()
+            if d != "plain" and st.get("measured_by") == "decoder" and "mismatched_outputs" in st]
+    if rows:
+        parts.append(f"the fp32 reference decoder (stage 03): {sum(r['mismatched_outputs'] for r in rows)} of "
+                     f"{sum(r.get('prompts', 0) for r in rows)} differ")
+    off = {k: v for k, v in (m5.get("offline") or {}).items() if v.get("greedy_mismatches_vs_plain") is not None}
+    if off:
+        margins = [c["margin"] for cs in (m5.get("mismatch_causes") or {}).values() for c in cs]
+        n = m5.get("prompts") if isinstance(m5.get("prompts"), int) else len(m5.get("prompts") or [])
+        parts.append(f"vLLM in bf16 (stage 05): {sum(v['greedy_mismatches_vs_plain'] for v in off.values())} of "
+                     f"{n * len(off)}" + (f", each first where the target's fp32 top-2 margin is at most "
+                                          f"{max(margins):.3f}" if margins else ""))
+    sc = m6.get("speculation_check") or {}
+    if sc.get("outputs"):
+        k = sc.get("mismatched_token_outputs", sc.get("mismatched_outputs"))
+        parts.append(f"the bf16 reference decoder (stage 06): {k} of {sc['outputs']}"
+                     + (f", the largest margin at a first difference {sc['max_mismatch_margin']:.3f}"
+                        if sc.get("max_mismatch_margin") is not None else
+                        " (this run predates the per-output causes)" if k else ""))
+    return ("Speculative outputs that differ from plain greedy decoding of the same target and precision: "
+            + "; ".join(parts) + ".") if parts else ""
 
 
 def _interval(d: dict, key: str, n_key: str, over: str) -> str:
