@@ -183,6 +183,28 @@ def test_window_boundary_is_vllms_per_query_rule(tiny_target):
         d(noise, ctx, q, c, DraftCache(), window=3)
 
 
+@torch.no_grad()
+def test_a_windowed_cache_keeps_the_last_w_minus_1_positions_and_changes_no_output(tiny_target):
+    """Decoding steps with a window W: the drafter cache holds only the last W - 1 context positions (flat memory and
+    work as the context grows) and every step's output equals the cacheless forward over the whole context."""
+    from qdflash.drafter import DraftCache
+    target, tok = tiny_target
+    d = new_drafter(target, 2, 4, [0, 3], tok.mask_token_id, seed=4).to(torch.float64).eval()
+    emb, W = target.get_input_embeddings(), 9
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(1, 40, 2 * target.config.hidden_size, dtype=torch.float64, generator=g)
+    cache, n = DraftCache(), 20
+    new = full[:, :n]
+    for step in range(6):
+        noise = emb(torch.tensor([[5 + step] + [tok.mask_token_id] * 3]))
+        q = torch.arange(n, n + 4)[None]
+        h = d(noise, new, q, torch.arange(n - new.shape[1], n)[None], cache, window=W)
+        ref = d(noise, full[:, :n], q, torch.arange(n)[None], None, window=W)
+        assert torch.allclose(h, ref, rtol=0, atol=1e-10), step
+        assert len(cache) == W - 1
+        new, n = full[:, n: n + 2 + step % 2], n + 2 + step % 2
+
+
 def test_training_window_mask_is_the_decode_window():
     """block_mask(window=W) restricted to one block is drafter.window_mask over that anchor's context."""
     from qdflash.drafter import window_mask

@@ -101,7 +101,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 @dataclass
 class DraftCache:
-    """Context K/V per layer (already normed and rotated): lists of [b, n_kv, T, d]."""
+    """Context K/V per layer (already normed and rotated): lists of [b, n_kv, T, d]; with a window W only the last
+    W - 1 context positions are kept (``len`` is then what is held, not the context length)."""
     keys: list = field(default_factory=list)
     values: list = field(default_factory=list)
 
@@ -135,7 +136,12 @@ class DFlashAttention(Qwen3Attention):
             else:
                 ks, vs = [kc], [vc]
         if cache is not None and len(cache.keys) > self.layer_idx:
-            ks, vs = [cache.keys[self.layer_idx]], [cache.values[self.layer_idx]]
+            i = self.layer_idx
+            if window is not None and cache.keys[i].shape[2] > window - 1:
+                # no later query sees a context key older than the last W - 1 (positions only grow): the cache keeps
+                # those alone, so a windowed drafter's memory and per-step work stay flat as the context grows
+                cache.keys[i], cache.values[i] = cache.keys[i][:, :, 1 - window:], cache.values[i][:, :, 1 - window:]
+            ks, vs = [cache.keys[i]], [cache.values[i]]
         if window is not None:
             ks, vs, attn_mask = self._windowed(ks, vs, q_len, window, attn_mask, kx.device)
         k = torch.cat(ks + [kx], 2)
