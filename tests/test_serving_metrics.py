@@ -75,3 +75,15 @@ def test_jobs_in_one_process_reruns_alone_what_a_crashed_worker_left(tmp_path, m
                    "c": {"tokens": [[3]], "engine": "own process"}}
     assert calls == [("off", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "K": "v"}, 30), ("off-b", {"K": "v"}, 10),
                      ("off-c", {"K": "v"}, 10)]
+
+
+def test_vllm_speedup_interval_is_paired_over_prompts():
+    """Speculation 2x as fast on every prompt, prompts of very different lengths: the paired interval is tight
+    around 2 (unpaired, the prompts' own spread would widen it); prompt counts that differ give no interval."""
+    from qdflash.serving import vllm_speedup_ci
+    plain = [{"s": 0.1 * n, "output_tokens": 10 * n} for n in (1, 7, 3, 12, 2, 9, 5, 4)]
+    spec = [{"s": p["s"] / 2 * (1.02 if i % 2 else 0.98), "output_tokens": p["output_tokens"]}
+            for i, p in enumerate(plain)]
+    lo, hi = vllm_speedup_ci(plain, spec)
+    assert 1.9 < lo <= 2.0 <= hi < 2.1
+    assert vllm_speedup_ci(plain, spec[:-1]) is None

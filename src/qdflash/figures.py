@@ -133,6 +133,7 @@ def serving_table(serve_dir) -> pd.DataFrame:
         row = {"config": k, "tau (vLLM)": r.get("tau"), "tau 95% CI (prompts)": ci_text(r),
                "tau (reference)": m["reference_tau"].get(k),
                "output tok/s": r.get("output_tokens_per_s"), "speedup": r.get("speedup_vs_plain"),
+               "speedup 95% CI (prompts)": ci_text(r, "speedup_ci95"),
                "greedy mismatches": r.get("greedy_mismatches_vs_plain"), "error": (r.get("error") or "")[:80]}
         rows.append(row)
     return pd.DataFrame(rows).set_index("config")

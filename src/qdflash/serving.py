@@ -50,6 +50,23 @@ def vllm_acceptance_ci(per_prompt: list[dict], resamples: int = BOOTSTRAP_RESAMP
             "prompts_with_drafts": len(rows)}
 
 
+def vllm_speedup_ci(plain_pp: list[dict], spec_pp: list[dict], resamples: int = BOOTSTRAP_RESAMPLES,
+                    seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """95% paired bootstrap interval over prompts of vLLM's output tokens/s with speculation over plain decoding,
+    from the per-prompt seconds and tokens of two offline jobs on the same prompts (one prompt per call)."""
+    import numpy as np
+
+    from .decode_stats import ci95, resample_counts
+    if not plain_pp or len(plain_pp) != len(spec_pp):
+        return None
+    arr = lambda pp, k: np.array([p[k] for p in pp], dtype=np.float64)      # noqa: E731
+    w = resample_counts(len(plain_pp), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = ((w @ arr(spec_pp, "output_tokens")) / (w @ arr(spec_pp, "s"))) / \
+                ((w @ arr(plain_pp, "output_tokens")) / (w @ arr(plain_pp, "s")))
+    return ci95(ratio)
+
+
 # ----------------------------------------------------------------------------------------------- server
 def latency_summary(lat: list[float]) -> dict:
     """n, mean and max of request latencies, and a percentile only where the sample supports it: p_q needs at least

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..decode_stats import mismatch_causes
 from ..runio import finish_run, read_json, start_run
-from ..serving import FULL_CMD, serve_and_probe, vllm_acceptance_ci
+from ..serving import FULL_CMD, serve_and_probe, vllm_acceptance_ci, vllm_speedup_ci
 from ..vllm_jobs import job_in_subprocess, jobs_in_one_process, vllm_env, vllm_python
 
 
@@ -85,6 +85,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             row.update({"tau": r["tau"], "per_position": r["per_position"],
                         "drafts": r["counters"].get("vllm:spec_decode_num_drafts"),
                         "speedup_vs_plain": r["output_tokens_per_s"] / plain["output_tokens_per_s"],
+                        "speedup_ci95": vllm_speedup_ci(plain.get("per_prompt") or [], r.get("per_prompt") or []),
                         "greedy_mismatches_vs_plain": sum(a != b for a, b in zip(r["tokens"], plain["tokens"]))})
         table[k] = row
     # greedy with vs without speculation: where they differ, the first differing position and why (mismatch_causes)
