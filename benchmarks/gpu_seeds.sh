@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Training seeds of the paper's two comparisons on one GPU machine of the device tool (issue 35 item 1): QAD against
+# GPTQ (stage 01, one run per seed) and the two-stage drafter against the direct one on the QAD target (stages 02-03
+# with the direct ablation, one run per seed, every seed on the same data and the same seed-0 QAD target), at a
+# smaller data size than smol-gpu-xl (N conversations; the full size does not fit 30 minutes of one GPU three times).
+# Idempotent passes, each call at most 10 minutes; call again to go on. The machine's setup is gpu_xl.sh's.
+#   call 1 (carry .device/gguf.parta):  bash benchmarks/gpu_xl.sh setup   (XL_VARIANTS=none: no step variants)
+#   calls 2.. (carry .whl the first time, .device/gguf.partb .device/xl_prompts.json.gz; within 30 s of the last):
+#       QDFLASH_GIT_SHA=<commit> [SEEDS="0 1 2"] [N=12884] bash benchmarks/gpu_seeds.sh [SECONDS]
+# Runs: /tmp/runs-seeds/s<seed>/ (00_data and, for seeds > 0, 01_qad of seed 0 linked in); stage 01 of every seed in
+# /tmp/runs-seeds/q<seed>/. Everything comes back as $OUT/seeds.tgz.
+set -u
+BUDGET=${1:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
+O=/tmp/o-seeds; R=/tmp/runs-seeds; mkdir -p $O $R
+END=$(( $(date +%s) + BUDGET ))
+SEEDS=${SEEDS:-0 1 2}; N=${N:-12884}
+source benchmarks/device.sh
+export QDFLASH_PROMPTS_DUMP=.device/xl_prompts.json.gz QDFLASH_CACHE=/tmp/qdcache
+left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
+ok() { [ $(left) -gt ${1:-60} ]; }
+stage() {  # ROOT STAGE [--set k=v ...]: run until the deadline, log, record wall time and rc
+  local root=$1 s=$2; shift 2; local t=$(date +%s.%N) name=$(basename $root)-$s
+  timeout $(left) python3 -m qdflash.cli run $s --preset smol-gpu-xl --runs $root --no-progress "$@" >> $O/log-$name.txt 2>&1
+  echo "$name rc=$? $(python3 -c "print(round($(date +%s.%N)-$t,1))")s sha=${QDFLASH_GIT_SHA:-?}" | tee -a $O/stage_times.txt
+  cp $root/$s/metrics.json $O/metrics-$name.json 2>/dev/null; cp $root/$s/config.json $O/config-$name.json 2>/dev/null
+  cp $root/$s/decode-*.json $O/ 2>/dev/null && for f in $root/$s/decode-*.json; do mv $O/$(basename $f) $O/$name-$(basename $f); done
+  true
+}
+done_() { [ -f $1/$2/metrics.json ]; }
+S0=$R/s0
+done_ $S0 00_data || stage $S0 00_data --set n_prompts=$N
+for s in $SEEDS; do                       # QAD against GPTQ, one run per seed (GPTQ is deterministic: its KL repeats)
+  Q=$R/q$s; mkdir -p $Q; ln -sfn $S0/00_data $Q/00_data
+  done_ $Q 01_qad || { ok 150 && stage $Q 01_qad --set seed=$s; }
+done
+for s in $SEEDS; do                       # two-stage against direct on the seed-0 QAD target, one run per seed
+  D=$R/s$s; mkdir -p $D; [ $s = 0 ] || ln -sfn $S0/00_data $D/00_data; ln -sfn $R/q0/01_qad $D/01_qad
+  done_ $R/q0 01_qad || continue
+  done_ $D 02_drafter_pretrain || { ok 120 && stage $D 02_drafter_pretrain --set seed=$s; }
+  done_ $D 02_drafter_pretrain && ! done_ $D 03_drafter_finetune && ok 120 && \
+    stage $D 03_drafter_finetune --set seed=$s --set direct_ablation=true
+done
+tar czf "$DEV_OUT/seeds.tgz" -C /tmp o-seeds
+ls $O | head -50
