@@ -401,14 +401,14 @@ def draft_vocab_summary(folder: str | Path) -> str:
     from .decode_stats import paired_bootstrap, results_from_json
     d = Path(folder)
     rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
-    m = {v: rd(d / f"{v}-02-metrics.json") for v in "ABC"}
-    c = {v: rd(d / f"{v}-02-config.json") for v in "ABC"}
+    m = {v: rd(d / f"metrics-02-{v}.json") for v in "ABC"}
+    c = {v: rd(d / f"config-02-{v}.json") for v in "ABC"}
     tw = rd(d / "tau-walk.json")
     res = {k: results_from_json(v) for k, v in rd(d / "tau-walk.grid.json")["results"].items()}
     dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
     t = {v: tw["drafters"][v] for v in "ABC"}
     tr = {v: m[v]["train"] for v in "ABC"}
-    cpu = rd(d / "A-02-run.json")["cpu"]["model"]
+    cpu = rd(d / "run-02-A.json")["cpu"]["model"]
     return (
         f"- Stage 02 of `smol` on one {cpu} (2 cores, {tr['A']['steps']} steps, one run each, one seed): the whole "
         f"vocabulary {tr['A']['train_s']:.0f} s; a draft vocabulary of the {m['B']['draft_vocab']['size']:,} tokens "
