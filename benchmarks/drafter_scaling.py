@@ -13,7 +13,9 @@ decoder, which calibrates the curve. Resumable: finished points are kept in the 
 
   python benchmarks/drafter_scaling.py --runs RUNS --preset smol-gpu --sizes 1000,2000,4000,8000,0 \
       --epochs 4 --extra-epochs 1,2 --out benchmarks/drafter-scaling-h200/scaling.json
-(size 0 = all training conversations; --extra-epochs adds points at those epochs for the largest size)
+(size 0 = all training conversations; --extra-epochs adds points at those epochs for the largest size; --sources real
+trains on the conversations with real prompts only, a real-only curve beside the default real + self-prompted one;
+--walk N adds the decoder's tau on N held-out real prompts, walked along the fp32 target's plain greedy outputs)
 """
 from __future__ import annotations
 
@@ -74,6 +76,11 @@ def main() -> None:
     ap.add_argument("--val", type=int, default=256, help="held-out conversations scored")
     ap.add_argument("--out", required=True)
     ap.add_argument("--set", action="append", default=[], help="DrafterConfig override k=v (json value)")
+    ap.add_argument("--sources", choices=("all", "real"), default="all",
+                    help="train on every stage-00 conversation, or only on those with real prompts (no magpie)")
+    ap.add_argument("--walk", type=int, default=0, help="also the decoder's tau, walked along the fp32 target's "
+                    "plain greedy outputs on this many held-out real prompts (the stage grids' code, decode_grid)")
+    ap.add_argument("--new", type=int, default=128, help="tokens per walked prompt")
     a = ap.parse_args()
     from qdflash.config import DrafterConfig, load_config
     from qdflash.data import load_split
@@ -87,9 +94,12 @@ def main() -> None:
     spec = json.loads((data / "config.json").read_text())["target"]
     target = load_model(spec, cfg.dtype)
     tok = load_tokenizer(spec)
+    from qdflash.data import is_self_prompted
     train, val = load_split(data, "train"), load_split(data, "val")[: a.val]
+    if a.sources == "real":
+        train = [r for r in train if not is_self_prompted(r["id"])]
     epochs = a.epochs or cfg.epochs
-    sizes = [int(s) or len(train) for s in a.sizes.split(",")]
+    sizes = [min(int(s) or len(train), len(train)) for s in a.sizes.split(",")]
     points = [(n, epochs) for n in sizes] + [(max(sizes), int(e)) for e in a.extra_epochs.split(",") if e]
     points = list(dict.fromkeys(points))
     out = Path(a.out)
@@ -99,23 +109,38 @@ def main() -> None:
     res.update({"command": " ".join(sys.argv), "git_sha": sha, "preset": a.preset, "config": cfg.__dict__,
                 "train_conversations": len(train), "val_conversations": len(val), "device": str(target.device),
                 "estimate": "block-level greedy tau (bonus counted), bootstrap over held-out conversations"})
-    done = {(p["conversations"], p["epochs"]) for p in res["points"]}
+    done = {(p["conversations"], p["epochs"], p.get("sources", "all")) for p in res["points"]}
+    walk = None
+    if a.walk:
+        from qdflash.drafter_train import eval_prompts
+        walk = (load_model(spec, "float32"), eval_prompts(data, a.walk), out.with_suffix(".walk-grid.json"))
     work = out.parent / "work"
     work.mkdir(exist_ok=True)
     for n, ep in points:
-        if (n, ep) in done:
+        if (n, ep, a.sources) in done:
             continue
         rows = train[:n]
         d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids,
                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed, cfg.init)
         d = d.to(target.device)
         t0 = time.time()
+        tag = f"n{n}-e{ep}" if a.sources == "all" else f"{a.sources}-n{n}-e{ep}"    # "all": the older files' names
         log = train_drafter(d, target, rows, OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len), cfg,
-                            ep, work / f"n{n}-e{ep}.ckpt.pt", work / f"n{n}-e{ep}.log.jsonl", f"n={n} e={ep}",
+                            ep, work / f"{tag}.ckpt.pt", work / f"{tag}.log.jsonl", f"n={n} e={ep}",
                             progress=False)
         train_s = time.time() - t0
         ev = block_tau(d, target, val, cfg)
-        p = {"conversations": n, "epochs": ep, "steps": len(log), "train_s": round(train_s, 1),
+        if walk is not None:
+            import copy
+
+            from qdflash.decode_grid import decode_grid
+            tgt32, prompts, grid = walk
+            name = f"{a.sources}-n{n}-e{ep}"
+            st = decode_grid(grid, tgt32, {"target": spec, "prompts": prompts, "max_new_tokens": a.new,
+                                           "dtype": "float32", "temperature": 0.0, "seed": 0, "decoder": cfg.decoder},
+                             {name: copy.deepcopy(d).float().eval()}, tok.eos_token_id, walk=[name])[name]
+            ev.update({"tau_walk": st["tau"], "tau_walk_ci95": st["tau_ci95"], "walk_prompts": len(prompts)})
+        p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log), "train_s": round(train_s, 1),
              "response_tokens": sum(sum(r["loss_mask"]) for r in rows),
              "final_loss": sum(r["loss"] for r in log[-20:]) / max(1, len(log[-20:])), **ev}
         print(json.dumps(p), flush=True)

