@@ -1,5 +1,5 @@
 # qdflash: the paper's DAG. Targets are real files (each stage's metrics.json); notebooks run headless (papermill).
-#   make reproduce            # embedded default (PRESET=smol), offline, ~50 min on 2 CPU cores (measured: results/smol/stage_times.txt)
+#   make reproduce            # embedded default (PRESET=smol), offline, 2 CPU cores (stage times: results/smol/stage_times.txt)
 #   make reproduce PRESET=tiny
 #   make test                 # the CI test suite
 SHELL := /bin/bash

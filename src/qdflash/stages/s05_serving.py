@@ -39,7 +39,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
         (out / "serve_full.sh").write_text("#!/bin/sh\n# Qwen3.5-4B QAD W4A16 + DFlash W4A16 drafter on one GPU\n"
                                            "QDFLASH_VLLM_PLUGIN=1 " + cmd + "\n")
         return ServingResult(out, finish_run(out, {"command": cmd}, t0))
-    n_prompts = n_prompts or dcfg.eval_prompts
+    n_prompts = n_prompts or dcfg.serve_prompts or dcfg.eval_prompts
     max_tokens = max_tokens or dcfg.eval_new_tokens
     qm = read_json(Path(qad_dir) / "metrics.json")
     fm = read_json(Path(finetune_dir) / "metrics.json")
