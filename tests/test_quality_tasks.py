@@ -86,3 +86,5 @@ def test_qad_against_gptq_is_paired_over_the_same_items():
     assert hi - lo < 0.12                   # unpaired (two independent proportions) it would be ~0.19 wide
     assert d["a"] - d["b"] == pytest.approx(d["diff"])
     assert "qad - rtn" not in p
+    z = paired_between({"qad": {"t": [0.0] * 8}, "gptq": {"t": [0.0] * 8}})["qad - gptq"]["t"]   # tiny: no item right
+    assert z["diff"] == 0.0 and z["diff_ci95"] == [0.0, 0.0]
