@@ -148,7 +148,8 @@ def bootstrap_ratio_diff(a_kl: list[float], b_kl: list[float], n_tok: list[int],
         ratio, point = sa / sb, a.sum() / b.sum()
     ratio = ratio[np.isfinite(ratio)]           # a resample whose b sums to 0 has no ratio (tiny item counts only)
     return {"diff": float((a.sum() - b.sum()) / n.sum()), "diff_ci95": np.percentile(diff, [2.5, 97.5]).tolist(),
-            "ratio": float(point), "ratio_ci95": np.percentile(ratio, [2.5, 97.5]).tolist(),
+            "ratio": float(point),              # b never above 0 (e.g. no item right): no ratio, no interval
+            "ratio_ci95": np.percentile(ratio, [2.5, 97.5]).tolist() if len(ratio) else [float("nan")] * 2,
             "n_conversations": int(len(a)), "n_boot": n_boot}
 
 

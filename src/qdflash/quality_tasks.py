@@ -167,18 +167,14 @@ def paired_between(item_acc: dict[str, dict[str, list[float]]],
                    pairs: tuple[tuple[str, str], ...] = (("qad", "gptq"), ("qad", "rtn"))) -> dict:
     """{"a - b": {task: score of a minus score of b, with a paired bootstrap 95% interval over the same items}} for
     every pair whose two models were scored on the same items (the paper's question: does QAD keep more than PTQ)."""
-    import numpy as np
-
-    from .qad import BOOTSTRAP_RESAMPLES
+    from .qad import bootstrap_ratio_diff
     out: dict = {}
     for a, b in pairs:
         for task, acc in (item_acc.get(a) or {}).items():
             ref = (item_acc.get(b) or {}).get(task)
             if not ref or len(acc) != len(ref):
                 continue
-            d = np.asarray(acc, dtype=float) - np.asarray(ref, dtype=float)
-            idx = np.random.default_rng(0).integers(0, len(d), size=(BOOTSTRAP_RESAMPLES, len(d)))
-            r = {"diff": float(d.mean()), "diff_ci95": np.percentile(d[idx].mean(1), [2.5, 97.5]).tolist()}
+            r = bootstrap_ratio_diff(acc, ref, [1] * len(acc))
             out.setdefault(f"{a} - {b}", {})[task] = {"diff": r["diff"], "diff_ci95": r["diff_ci95"],
                                                        "a": sum(acc) / len(acc), "b": sum(ref) / len(ref),
                                                        "items": len(acc)}
