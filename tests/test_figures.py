@@ -54,3 +54,27 @@ def test_the_readme_states_where_decoding_is_lossless_from_the_saved_counts():
     assert f"(stage 05): {vllm} of " in note
     assert f"(stage 06): {m6['speculation_check'].get('mismatched_token_outputs', m6['speculation_check']['mismatched_outputs'])} of" in note
     assert " ".join(note.split()) in " ".join(readme_block("smol").split())
+
+
+def test_the_readme_quotes_the_served_speedup_as_the_median_of_its_rounds(tmp_path):
+    """The stage 05 row is the median of the per-round ratios with their range, and the timing table holds the same
+    numbers; a run without rounds shows no such row."""
+    import shutil
+
+    from qdflash.figures import timing_table
+    from qdflash.results import readme_block
+    root = tmp_path / "smol"
+    shutil.copytree(RES, root)
+    m5 = json.loads((root / "05_serving" / "metrics.json").read_text())
+    m5["timing"] = {"plain": "qad-plain", "spec": "qad-w4a16", "prompts": 4, "max_tokens": 64, "rounds": 5,
+                    "rounds_failed": 0, "speedup_per_round": [0.7, 0.9, 0.8, 0.75, 0.85],
+                    "speedup": {"median": 0.8, "min": 0.7, "max": 0.9},
+                    "plain_tokens_per_s": {"median": 20.0, "min": 19.0, "max": 21.0},
+                    "spec_tokens_per_s": {"median": 16.0, "min": 15.0, "max": 17.0}}
+    (root / "05_serving" / "metrics.json").write_text(json.dumps(m5))
+    block = " ".join(readme_block("smol", root).split())
+    assert "| 0.80x | range 0.70–0.90 (5 rounds of 4 prompts; not a CI) |" in block
+    assert timing_table(root / "05_serving").loc["speed-up (ratio within a round)", "median"] == 0.8
+    m5["timing"] = {}
+    (root / "05_serving" / "metrics.json").write_text(json.dumps(m5))
+    assert "alternating rounds" not in readme_block("smol", root)

@@ -87,3 +87,31 @@ def test_vllm_speedup_interval_is_paired_over_prompts():
     lo, hi = vllm_speedup_ci(plain, spec)
     assert 1.9 < lo <= 2.0 <= hi < 2.1
     assert vllm_speedup_ci(plain, spec[:-1]) is None
+
+
+def test_timing_rounds_alternate_and_the_speedup_is_taken_within_each_round():
+    """Rounds alternate plain-first and speculative-first; each round's speed-up is the ratio of its own two runs
+    (a machine that slows down by half in round 1 leaves that round's ratio at 2), the median is over rounds, a
+    failed run drops its round, and a side whose tokens change between rounds is flagged."""
+    from qdflash.serving import interleaved_timing_jobs, timing_summary
+    jobs = interleaved_timing_jobs({"drafter": None}, {"drafter": "d"}, 3)
+    assert list(jobs) == ["timing0-plain", "timing0-spec", "timing1-spec", "timing1-plain", "timing2-plain",
+                          "timing2-spec"]
+    assert jobs["timing1-spec"] == {"drafter": "d"} and jobs["timing2-plain"] == {"drafter": None}
+    res = {"timing0-plain": {"output_tokens_per_s": 10.0, "tokens": [[1]]},
+           "timing0-spec": {"output_tokens_per_s": 20.0, "tokens": [[1]]},
+           "timing1-spec": {"output_tokens_per_s": 10.0, "tokens": [[1]]},       # the machine at half speed
+           "timing1-plain": {"output_tokens_per_s": 5.0, "tokens": [[1]]},
+           "timing2-plain": {"output_tokens_per_s": 10.0, "tokens": [[1]]},
+           "timing2-spec": {"output_tokens_per_s": 15.0, "tokens": [[1]]},
+           "timing3-plain": {"error": "boom"}, "timing3-spec": {"output_tokens_per_s": 99.0, "tokens": [[1]]}}
+    t = timing_summary(res)
+    assert t["rounds"] == 3 and t["rounds_failed"] == 1
+    assert t["speedup_per_round"] == [2.0, 2.0, 1.5]
+    assert t["speedup"] == {"median": 2.0, "min": 1.5, "max": 2.0}
+    assert t["plain_tokens_per_s"]["median"] == 10.0 and t["same_tokens"] == {"plain": True, "spec": True}
+    res["timing2-spec"]["tokens"] = [[2]]
+    assert timing_summary(res)["same_tokens"]["spec"] is False
+    import pytest
+    with pytest.raises(ValueError):
+        interleaved_timing_jobs({}, {}, 0)

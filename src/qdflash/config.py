@@ -115,6 +115,8 @@ class DrafterConfig:
     eval_random: bool = True        # also decode with an untrained drafter (the tau ~ 1 control)
     serve_prompts: int = 0          # stage 05's vLLM jobs: the first N of the same held-out prompts (0: eval_prompts);
                                     # on 2 CPU cores each of its 8 jobs decodes them one at a time
+    serve_timing_rounds: int = 5    # stage 05's speed-up: plain and the served drafter (QAD target, W4A16 drafter) on
+    serve_timing_prompts: int = 4   # the first N prompts, rounds in alternating order; median and range over rounds
     temperature: float = 0.0
     seed: int = 0
     dtype: str = "float32"          # training compute: "bfloat16" = autocast over fp32 master weights; target features
@@ -211,7 +213,7 @@ _STAGE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {
     DrafterConfig: {
         "tiny": dict(num_layers=1, block_size=4, target_layer_ids=(0, 2), mask_token_id=None, epochs=2,
                      lr=3e-3, batch_size=4, num_anchors=8, max_len=96, eval_prompts=3, eval_new_tokens=16,
-                     finetune_data="qad", tau_by="walk"),
+                     finetune_data="qad", tau_by="walk", serve_timing_rounds=2, serve_timing_prompts=1),
         "smol": dict(num_layers=2, block_size=8, target_layer_ids=(1, 8, 15, 22, 27), mask_token_id=None,
                      epochs=4, lr=3e-3, batch_size=4, num_anchors=16, max_len=320, init="target_norm",
                      eval_prompts=32, eval_new_tokens=64, dtype="bfloat16", finetune_data="qad", tau_by="walk",

