@@ -440,3 +440,28 @@ def test_vllm_refuses_a_reduced_vocabulary_drafter(tmp_path, tiny_target):
     save_drafter(set_draft_vocab(d, range(100)), tmp_path / "reduced")
     with pytest.raises(ValueError, match="draft vocabulary"):
         check_servable_drafter(str(tmp_path / "reduced"))
+
+
+def test_head_logits_is_the_linear_head_in_either_order():
+    """``head_logits`` is ``F.linear(h, W)`` for every shape it takes (block rows in the transposed order, more rows,
+    a batch dimension, another dtype), and ``draft_tokens`` proposes the head's argmax, with a reduced vocabulary too."""
+    import torch.nn.functional as F
+
+    from qdflash.drafter import HEAD_GEMM_MAX_ROWS, draft_tokens, head_logits
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(1000, 64, generator=g)
+    for shape in ((1, 7, 64), (7, 64), (2, 3, 64), (1, HEAD_GEMM_MAX_ROWS + 5, 64), (64,)):
+        h = torch.randn(*shape, generator=g)
+        assert torch.allclose(head_logits(W, h), F.linear(h, W), atol=1e-4), shape
+    hb = torch.randn(1, 7, 64, generator=g).bfloat16()
+    assert torch.equal(head_logits(W.bfloat16(), hb), F.linear(hb, W.bfloat16()))
+    head = torch.nn.Linear(64, 1000, bias=False)
+    head.weight.data.copy_(W)
+
+    class D:                                    # what draft_tokens reads of a drafter
+        pass
+    h = torch.randn(1, 7, 64, generator=g)
+    assert torch.equal(draft_tokens(D(), head, h), F.linear(h, W).argmax(-1))
+    d = D()
+    d.draft_vocab = torch.tensor([5, 17, 400, 999])
+    assert torch.equal(draft_tokens(d, head, h), d.draft_vocab[F.linear(h, W[d.draft_vocab]).argmax(-1)])
