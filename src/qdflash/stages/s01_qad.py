@@ -101,6 +101,8 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     timings["eval_s"] = round(time.time() - ts, 2)
     ci = bootstrap_ratio_diff(evals["qad"]["row_kl_sum"], evals["gptq"]["row_kl_sum"], evals["qad"]["row_tokens"],
                               seed=cfg.seed)
+    # per held-out conversation (the same ones in every run on this stage-00 data): runs of other seeds pool on them
+    per_conv = {"tokens": evals["qad"]["row_tokens"], "kl_sum": {k: evals[k]["row_kl_sum"] for k in ("rtn", "gptq", "qad")}}
     for v in evals.values():
         v.pop("row_kl_sum"), v.pop("row_tokens")
     evals["teacher"]["file_mb"] = dir_size_bytes(base) / 2**20
@@ -116,7 +118,7 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
                "curve": thin(log, ("step", "kl")), "qad_training": summary,
                "codes_curve": [{"step": r["step"], "codes_changed": r["codes_changed"]} for r in log
                                if "codes_changed" in r],
-               "qad_vs_gptq_kl": ci, "compute_dtype": cfg.dtype,
+               "qad_vs_gptq_kl": ci, "per_conversation": per_conv, "compute_dtype": cfg.dtype,
                "train_tok_per_s": train_tokens / max(timings["qad_train_s"], 1e-9),
                "qad_kl_reduction_vs_best_ptq": 1 - evals["qad"]["kl_to_teacher"] / min(
                    evals["rtn"]["kl_to_teacher"], evals["gptq"]["kl_to_teacher"])}
