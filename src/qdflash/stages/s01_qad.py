@@ -102,7 +102,8 @@ def run_qad(cfg: QADConfig, out_dir: str | Path, data_dir: str | Path, progress:
     ci = bootstrap_ratio_diff(evals["qad"]["row_kl_sum"], evals["gptq"]["row_kl_sum"], evals["qad"]["row_tokens"],
                               seed=cfg.seed)
     # per held-out conversation (the same ones in every run on this stage-00 data): runs of other seeds pool on them
-    per_conv = {"tokens": evals["qad"]["row_tokens"], "kl_sum": {k: evals[k]["row_kl_sum"] for k in ("rtn", "gptq", "qad")}}
+    per_conv = {"tokens": evals["qad"]["row_tokens"],
+                "kl_sum": {k: evals[k]["row_kl_sum"] for k in ("rtn", "gptq", "qad")}}
     for v in evals.values():
         v.pop("row_kl_sum"), v.pop("row_tokens")
     evals["teacher"]["file_mb"] = dir_size_bytes(base) / 2**20
