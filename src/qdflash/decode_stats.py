@@ -118,6 +118,40 @@ def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], res
             "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
 
 
+def seeds_and_items_bootstrap(num_a, den_a, num_b, den_b, resamples: int = BOOTSTRAP_RESAMPLES,
+                              seed: int = BOOTSTRAP_SEED, ratio: bool = False) -> dict:
+    """A comparison of A with B run with S training seeds on the same N items (prompts, conversations): per seed,
+    the pooled statistic sum(num) / sum(den) of each side, and their difference (or, ``ratio``, A / B). Arrays are
+    [S, N]. The estimate is the mean over seeds; its 95% interval comes from a two-level bootstrap that resamples the
+    seeds, then the items (one item resample for all seeds: every seed ran on the same items, so the pairing holds
+    across seeds as well as between A and B). ``per_seed`` gives each seed's own value."""
+    import numpy as np
+    arrs = [np.asarray(x, dtype=np.float64) for x in (num_a, den_a, num_b, den_b)]
+    S, N = arrs[0].shape
+    if any(a.shape != (S, N) for a in arrs) or S < 1 or N < 1:
+        raise ValueError(f"seeds_and_items_bootstrap: arrays must share one [seeds, items] shape, got "
+                         f"{[a.shape for a in arrs]}")
+
+    def stat(w_items, seeds):                   # [R, N] item multiplicities, [R, S'] seed indices -> [R]
+        sums = [np.einsum("rn,sn->rs", w_items, a) for a in arrs]      # [R, S]
+        a, b = sums[0] / sums[1], sums[2] / sums[3]
+        per = a / b if ratio else a - b
+        return np.take_along_axis(per, seeds, 1).mean(1)
+
+    rng = np.random.default_rng(seed)
+    w = resample_counts(N, resamples, seed)
+    seeds = rng.integers(0, S, size=(resamples, S))
+    a, b = arrs[0].sum(1) / arrs[1].sum(1), arrs[2].sum(1) / arrs[3].sum(1)
+    per_seed = (a / b) if ratio else (a - b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        boot = stat(w, seeds)
+        items_only = np.stack([stat(w, np.full((resamples, 1), k)) for k in range(S)], 1).mean(1)
+    return {"estimate": float(per_seed.mean()), "ci95": ci95(boot), "ci95_items_only": ci95(items_only),
+            "per_seed": per_seed.tolist(), "seed_sd": float(per_seed.std(ddof=1)) if S > 1 else 0.0,
+            "side_a": a.tolist(), "side_b": b.tolist(), "seeds": S, "items": N, "statistic": "ratio" if ratio else
+            "difference", "bootstrap": {"resamples": resamples, "seed": seed, "levels": "seeds, then items"}}
+
+
 def run_stats(results: list[GenResult], speculative: bool) -> dict:
     """Acceptance (speculative runs), decode tokens, times, tokens/s and drafter share of one decoding run. A walked
     run (``walk.Walker``) ran no verifier: it has the drafter's time per step, and no tokens/s, share or speedup."""

@@ -425,3 +425,36 @@ def draft_vocab_summary(folder: str | Path) -> str:
            else "") +
         "vLLM's dflash method cannot serve a reduced vocabulary (no draft-to-target map), so the preset keeps the "
         "whole vocabulary.\n")
+
+
+def seeds_summary(run_dir: str | Path) -> dict:
+    """The paper's two comparisons over training seeds (``benchmarks/gpu_seeds.sh``, whose outputs ``run_dir`` holds):
+    QAD against GPTQ (held-out KL ratio; stage 01 once per seed, ``metrics-q<s>-01_qad.json``) and the two-stage
+    drafter against the direct one on the QAD target (tau difference; stage 03 once per seed,
+    ``s<s>-03_drafter_finetune-decode-qad.json``). Each: the mean over seeds with a 95% interval over seeds and items
+    (``decode_stats.seeds_and_items_bootstrap``) and every seed's own value. Seeds whose files are missing are left
+    out and named."""
+    from .decode_stats import results_from_json, seeds_and_items_bootstrap
+    d = Path(run_dir)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    out: dict = {}
+    qad = {int(p.name[len("metrics-q"):].split("-")[0]): rd(p) for p in sorted(d.glob("metrics-q*-01_qad.json"))}
+    qad = {s: m for s, m in qad.items() if "per_conversation" in m}
+    if qad:
+        seeds = sorted(qad)
+        pc = [qad[s]["per_conversation"] for s in seeds]
+        tok = [c["tokens"] for c in pc]
+        out["qad_vs_gptq_kl_ratio"] = {**seeds_and_items_bootstrap([c["kl_sum"]["qad"] for c in pc], tok,
+                                                                     [c["kl_sum"]["gptq"] for c in pc], tok, ratio=True),
+                                       "seed_ids": seeds, "unit": "held-out conversation"}
+    dec = {int(p.name[1:].split("-")[0]): rd(p) for p in sorted(d.glob("s*-03_drafter_finetune-decode-qad.json"))}
+    dec = {s: {k: results_from_json(v) for k, v in m["results"].items()} for s, m in dec.items()}
+    dec = {s: r for s, r in dec.items() if "two_stage" in r and "direct" in r}
+    if dec:
+        seeds = sorted(dec)
+        arr = lambda k, f: [[f(r) for r in dec[s][k]] for s in seeds]                # noqa: E731
+        acc, steps = (lambda r: sum(r.accept_lengths)), (lambda r: len(r.accept_lengths))
+        out["two_stage_minus_direct_tau"] = {
+            **seeds_and_items_bootstrap(arr("two_stage", acc), arr("two_stage", steps), arr("direct", acc),
+                                        arr("direct", steps)), "seed_ids": seeds, "unit": "held-out prompt"}
+    return out
