@@ -77,4 +77,4 @@ def test_the_readme_quotes_the_served_speedup_as_the_median_of_its_rounds(tmp_pa
     assert timing_table(root / "05_serving").loc["speed-up (ratio within a round)", "median"] == 0.8
     m5["timing"] = {}
     (root / "05_serving" / "metrics.json").write_text(json.dumps(m5))
-    assert "alternating rounds" not in readme_block("smol", root)
+    assert "median of rounds" not in readme_block("smol", root)

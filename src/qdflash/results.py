@@ -144,10 +144,10 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
     if t5.get("rounds"):
         run5 = root / "05_serving" / "run.json"
         cpu = (read_json(run5).get("cpu") or {}) if run5.exists() else {}
-        where = f"{cpu.get('model', 'this run')}'s {cpu.get('cores', '?')} cores" if cpu else "this run's machine"
+        where = f"{cpu.get('model', 'this run')}, {cpu.get('cores', '?')} cores" if cpu else "this run's machine"
         sp = t5["speedup"]
-        rows.append((f"vLLM output tokens/s with the W4A16 drafter over plain decoding, QAD W4A16 target, batch 1, bf16, "
-                     f"on {where}: median of alternating rounds", f"`{preset}` 05", f"{sp['median']:.2f}x",
+        rows.append((f"vLLM speed-up, W4A16 drafter over plain decoding, QAD target, batch 1, bf16, {where}: "
+                     f"median of rounds", f"`{preset}` 05", f"{sp['median']:.2f}x",
                      f"range {sp['min']:.2f}–{sp['max']:.2f} ({t5['rounds']} rounds of {t5['prompts']} prompts; "
                      f"not a CI)"))
     for show, reads in bench_index.readme_sections(preset):
