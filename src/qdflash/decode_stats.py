@@ -132,20 +132,16 @@ def seeds_and_items_bootstrap(num_a, den_a, num_b, den_b, resamples: int = BOOTS
         raise ValueError(f"seeds_and_items_bootstrap: arrays must share one [seeds, items] shape, got "
                          f"{[a.shape for a in arrs]}")
 
-    def stat(w_items, seeds):                   # [R, N] item multiplicities, [R, S'] seed indices -> [R]
-        sums = [np.einsum("rn,sn->rs", w_items, a) for a in arrs]      # [R, S]
-        a, b = sums[0] / sums[1], sums[2] / sums[3]
-        per = a / b if ratio else a - b
-        return np.take_along_axis(per, seeds, 1).mean(1)
-
-    rng = np.random.default_rng(seed)
-    w = resample_counts(N, resamples, seed)
-    seeds = rng.integers(0, S, size=(resamples, S))
     a, b = arrs[0].sum(1) / arrs[1].sum(1), arrs[2].sum(1) / arrs[3].sum(1)
     per_seed = (a / b) if ratio else (a - b)
+    w = resample_counts(N, resamples, seed)                         # [R, N] item multiplicities
+    seeds = np.random.default_rng(seed).integers(0, S, size=(resamples, S))
     with np.errstate(invalid="ignore", divide="ignore"):
-        boot = stat(w, seeds)
-        items_only = np.stack([stat(w, np.full((resamples, 1), k)) for k in range(S)], 1).mean(1)
+        sums = [np.einsum("rn,sn->rs", w, x) for x in arrs]         # [R, S]: each seed's sums in each item resample
+        ra, rb = sums[0] / sums[1], sums[2] / sums[3]
+        per_resample = ra / rb if ratio else ra - rb
+    boot = np.take_along_axis(per_resample, seeds, 1).mean(1)       # seeds resampled too
+    items_only = per_resample.mean(1)                               # every seed once
     return {"estimate": float(per_seed.mean()), "ci95": ci95(boot), "ci95_items_only": ci95(items_only),
             "per_seed": per_seed.tolist(), "seed_sd": float(per_seed.std(ddof=1)) if S > 1 else 0.0,
             "side_a": a.tolist(), "side_b": b.tolist(), "seeds": S, "items": N, "statistic": "ratio" if ratio else

@@ -444,8 +444,8 @@ def seeds_summary(run_dir: str | Path) -> dict:
         seeds = sorted(qad)
         pc = [qad[s]["per_conversation"] for s in seeds]
         tok = [c["tokens"] for c in pc]
-        out["qad_vs_gptq_kl_ratio"] = {**seeds_and_items_bootstrap([c["kl_sum"]["qad"] for c in pc], tok,
-                                                                     [c["kl_sum"]["gptq"] for c in pc], tok, ratio=True),
+        kl = {m: [c["kl_sum"][m] for c in pc] for m in ("qad", "gptq")}
+        out["qad_vs_gptq_kl_ratio"] = {**seeds_and_items_bootstrap(kl["qad"], tok, kl["gptq"], tok, ratio=True),
                                        "seed_ids": seeds, "unit": "held-out conversation"}
     dec = {int(p.name[1:].split("-")[0]): rd(p) for p in sorted(d.glob("s*-03_drafter_finetune-decode-qad.json"))}
     dec = {s: {k: results_from_json(v) for k, v in m["results"].items()} for s, m in dec.items()}

@@ -118,8 +118,9 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             server = serve_and_probe(qad_target, drafters["w4a16"], B, texts, max_tokens, max_model_len, work)
         except Exception as e:
             server = {"error": repr(e)}
-    m = finish_run(out, {"offline": table, "timing": timing, "mismatch_causes": causes, "reference_tau": ref, "server": server,
-                         "prompts": len(prompts), "max_tokens": max_tokens, "block_size": B, "sites": _sites()}, t0)
+    m = finish_run(out, {"offline": table, "timing": timing, "mismatch_causes": causes, "reference_tau": ref,
+                         "server": server, "prompts": len(prompts), "max_tokens": max_tokens, "block_size": B,
+                         "sites": _sites()}, t0)
     return ServingResult(out, m)
 
 
