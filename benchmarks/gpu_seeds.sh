@@ -7,6 +7,8 @@
 #   call 1 (carry .device/gguf.parta):  bash benchmarks/gpu_xl.sh setup   (XL_VARIANTS=none: no step variants)
 #   calls 2.. (carry .whl the first time, .device/gguf.partb .device/xl_prompts.json.gz; within 30 s of the last):
 #       QDFLASH_GIT_SHA=<commit> [SEEDS="0 1 2"] [N=12884] bash benchmarks/gpu_seeds.sh [SECONDS]
+# Order: stage 00, the seed-0 QAD target, the drafter seeds, the other QAD seeds (the drafter comparison is the weaker
+# claim, so it goes first when the GPU time runs short).
 # Runs: /tmp/runs-seeds/s<seed>/ (00_data and, for seeds > 0, 01_qad of seed 0 linked in); stage 01 of every seed in
 # /tmp/runs-seeds/q<seed>/. Everything comes back as $OUT/seeds.tgz.
 set -u
@@ -29,10 +31,11 @@ stage() {  # ROOT STAGE [--set k=v ...]: run until the deadline, log, record wal
 done_() { [ -f $1/$2/metrics.json ]; }
 S0=$R/s0
 done_ $S0 00_data || stage $S0 00_data --set n_prompts=$N
-for s in $SEEDS; do                       # QAD against GPTQ, one run per seed (GPTQ is deterministic: its KL repeats)
-  Q=$R/q$s; mkdir -p $Q; ln -sfn $S0/00_data $Q/00_data
-  done_ $Q 01_qad || { ok 150 && stage $Q 01_qad --set seed=$s; }
-done
+qad() {  # SEED: QAD against GPTQ, one run per seed (GPTQ is deterministic: its KL repeats)
+  local Q=$R/q$1; mkdir -p $Q; ln -sfn $S0/00_data $Q/00_data
+  done_ $Q 01_qad || { ok 150 && stage $Q 01_qad --set seed=$1; }
+}
+qad 0                                     # the seed-0 QAD target every drafter seed is finetuned against
 for s in $SEEDS; do                       # two-stage against direct on the seed-0 QAD target, one run per seed
   D=$R/s$s; mkdir -p $D; [ $s = 0 ] || ln -sfn $S0/00_data $D/00_data; ln -sfn $R/q0/01_qad $D/01_qad
   done_ $R/q0 01_qad || continue
@@ -40,5 +43,23 @@ for s in $SEEDS; do                       # two-stage against direct on the seed
   done_ $D 02_drafter_pretrain && ! done_ $D 03_drafter_finetune && ok 120 && \
     stage $D 03_drafter_finetune --set seed=$s --set direct_ablation=true
 done
+# the seed-0 two-stage drafter in bf16, once, in 14 MiB parts (for vLLM on the CPU machine: issue 35 item 9);
+# rejoin with: cat drafter-bf16.tgz.part* | tar xz
+if done_ $S0 03_drafter_finetune && [ ! -f /tmp/drafter-sent ]; then
+  python3 - $S0/03_drafter_finetune /tmp/drafter-bf16 <<'PY' && touch /tmp/drafter-sent
+import sys, shutil, pathlib, torch
+from safetensors.torch import load_file, save_file
+src_root, dst_root = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for src in sorted(p for p in src_root.glob("drafter-twostage-*") if p.is_dir()):
+    dst = dst_root / src.name; dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}, dst / f.name)
+        elif f.is_file():
+            shutil.copy(f, dst / f.name)
+PY
+  tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
+fi
+for s in $SEEDS; do [ $s = 0 ] || qad $s; done
 tar czf "$DEV_OUT/seeds.tgz" -C /tmp o-seeds
 ls $O | head -50
