@@ -68,7 +68,7 @@ def teststage_seconds_sums_a_stage_over_the_calls_that_ran_it(tmp_path):
     assert sum(s["01_qad"]) == pytest.approx(141.4)
 
 
-_AUXILIARY = re.compile(r"(config.*|manifest-.*|decode-.*|.*\.grid)\.json")   # a stage's inputs and caches
+_AUXILIARY = re.compile(r"(config.*|manifest-.*|(.+-)?decode-.*|.*\.grid)\.json")   # a stage's inputs and caches
 
 
 def _records_commit(d) -> bool:

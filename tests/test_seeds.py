@@ -40,3 +40,21 @@ def test_seeds_summary_reads_every_seed_of_both_comparisons(tmp_path):
     assert q["seed_ids"] == [0, 1] and q["per_seed"] == pytest.approx([0.5, 0.25]) and q["estimate"] == 0.375
     t = out["two_stage_minus_direct_tau"]
     assert t["per_seed"] == pytest.approx([1.0, 1.25]) and t["items"] == 2 and t["statistic"] == "difference"
+
+
+def test_the_committed_seeds_run_is_what_the_readme_and_its_table_show():
+    """The README's QAD/GPTQ row over seeds and docs' per-seed table come from the saved gpu_seeds.sh run."""
+    from pathlib import Path
+
+    from qdflash.gpu_results import seeds_summary, seeds_table
+    repo = Path(__file__).resolve().parents[1]
+    run = repo / "benchmarks" / "gpu-seeds" / "run-1206e-h100"
+    s = seeds_summary(run)["qad_vs_gptq_kl_ratio"]
+    per_file = [json.loads((run / f"metrics-q{k}-01_qad.json").read_text())["qad_vs_gptq_kl"]["ratio"] for k in (0, 1, 2)]
+    assert s["seeds"] == 3 and s["per_seed"] == pytest.approx(per_file, rel=1e-9)     # pooled KL sums = stage 01's ratio
+    assert s["ci95"][0] < s["estimate"] < s["ci95"][1]
+    t = seeds_table(run)
+    assert list(t.index) == ["0", "1", "2", "mean of 3"] and t.loc["mean of 3", "QAD / GPTQ"] == f"{s['estimate']:.3f}"
+    lo, hi = s["ci95"]
+    assert f"| {s['estimate']:.3f} | {lo:.3f}–{hi:.3f} (3 seeds, then {s['items']} conversations) |" in \
+        (repo / "README.md").read_text()

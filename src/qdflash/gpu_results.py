@@ -458,3 +458,29 @@ def seeds_summary(run_dir: str | Path) -> dict:
             **seeds_and_items_bootstrap(arr("two_stage", acc), arr("two_stage", steps), arr("direct", acc),
                                         arr("direct", steps)), "seed_ids": seeds, "unit": "held-out prompt"}
     return out
+
+
+def seeds_table(run_dir: str | Path) -> pd.DataFrame:
+    """QAD against GPTQ per training seed (``benchmarks/gpu_seeds.sh``'s ``metrics-q<s>-01_qad.json``): held-out KL
+    of RTN, GPTQ and QAD W4A16 to the FP teacher, QAD's fraction of GPTQ's with its interval over conversations, and
+    the pooled row: the mean over seeds with its interval over seeds and conversations (``seeds_summary``)."""
+    d = Path(run_dir)
+    rows = []
+    for p in sorted(d.glob("metrics-q*-01_qad.json")):
+        m = json.loads(p.read_text())
+        if "per_conversation" not in m:
+            continue
+        c, kl = m["qad_vs_gptq_kl"], {k: v["kl_to_teacher"] for k, v in m["eval"].items()}
+        lo, hi = c["ratio_ci95"]
+        rows.append({"seed": p.name[len("metrics-q"):].split("-")[0], "RTN KL": round(kl["rtn"], 4),
+                     "GPTQ KL": round(kl["gptq"], 4), "QAD KL": round(kl["qad"], 4),
+                     "QAD / GPTQ": f"{c['ratio']:.3f}", "95% CI": f"{lo:.3f}–{hi:.3f} ({c['n_conversations']} conv.)",
+                     "QAD steps": m["steps"]})
+    s = seeds_summary(d).get("qad_vs_gptq_kl_ratio")
+    if s:
+        lo, hi = s["ci95"]
+        rows.append({"seed": f"mean of {s['seeds']}", "RTN KL": "", "GPTQ KL": "", "QAD KL": "",
+                     "QAD / GPTQ": f"{s['estimate']:.3f}",
+                     "95% CI": f"{lo:.3f}–{hi:.3f} (seeds, then conv.; sd over seeds {s['seed_sd']:.4f})",
+                     "QAD steps": ""})
+    return pd.DataFrame(rows).set_index("seed") if rows else pd.DataFrame()
