@@ -110,3 +110,20 @@ def test_stage_03_without_the_direct_ablation_trains_and_grids_no_direct_drafter
     assert set(saved_result(tmp_path / "03", m).drafters) == set(res.drafters) == {"pretrain", "two_stage"}
     full = json.loads((runs / "03_drafter_finetune" / "metrics.json").read_text())
     assert "direct" in full["drafters"] and "direct" in full["decoding"]["qad"]   # the default keeps the ablation
+
+
+def test_stage_03_grids_only_the_targets_asked_for(tiny_pipeline, tmp_path, one_thread):
+    """``grid_targets=("qad",)`` (gpu_seeds.sh: the drafters are compared on the QAD target only): no FP grid is
+    decoded or saved; a grid without the QAD target, which stage 04 reads, is refused."""
+    from qdflash.config import ConfigError, DrafterConfig, load_config
+    from qdflash.stages.s03_drafter_finetune import run_drafter_finetune
+    runs = tiny_pipeline["runs"]
+    cfg = load_config(DrafterConfig, "tiny", grid_targets=["qad"])
+    run_drafter_finetune(cfg, tmp_path / "03", runs / "00_data", runs / "02_drafter_pretrain", runs / "01_qad",
+                         progress=False)
+    m = json.loads((tmp_path / "03" / "metrics.json").read_text())
+    assert set(m["decoding"]) == set(m["tau_by_source"]) == {"qad"} and not (tmp_path / "03" / "decode-fp.json").exists()
+    assert {"plain", "pretrain", "two_stage", "direct"} <= set(m["decoding"]["qad"])
+    for bad in (["fp"], ["qad", "int8"]):
+        with pytest.raises(ConfigError):
+            load_config(DrafterConfig, "tiny", grid_targets=bad)

@@ -137,6 +137,8 @@ class DrafterConfig:
     tau_by: str = "decode"          # "decode": every drafter through the decoder; "walk": the two-stage drafter is
                                     # decoded (speed, losslessness) and the others' acceptance is measured by teacher
                                     # forcing along the plain greedy outputs (walk.Walker: the same tau, no verifier)
+    grid_targets: tuple[str, ...] = ("fp", "qad")   # the targets stage 03's grid decodes on ("qad" always: stage 04
+                                    # reads its grid); ("qad",) for runs that compare drafters only there (gpu_seeds.sh)
 
 
 @dataclass(frozen=True)
@@ -332,6 +334,8 @@ def _validate(cfg: Any) -> None:
         raise ConfigError(f"latent_init must be one of {LATENT_INITS}")
     if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.decoder not in DECODERS:
         raise ConfigError(f"decoder must be one of {DECODERS}, not {cfg.decoder!r}")
+    if isinstance(cfg, DrafterConfig) and ("qad" not in cfg.grid_targets or not set(cfg.grid_targets) <= {"fp", "qad"}):
+        raise ConfigError(f"grid_targets must hold 'qad' and may hold 'fp', not {cfg.grid_targets!r}")
     if isinstance(cfg, (DrafterConfig, DrafterQuantConfig)) and cfg.tau_by not in TAU_BY:
         raise ConfigError(f"tau_by must be one of {TAU_BY}, not {cfg.tau_by!r}")
     if isinstance(cfg, DrafterConfig) and cfg.tau_by == "walk" and cfg.temperature > 0:

@@ -88,7 +88,9 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                                          mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size,
                                          cfg.seed + 1).to(dev, ddt).eval()
     grid = {}
-    for tname, tspec in (("fp", resolve_target(fp_spec)), ("qad", str(Path(qad_dir) / qm["names"]["qad"]))):
+    targets = {"fp": lambda: resolve_target(fp_spec), "qad": lambda: str(Path(qad_dir) / qm["names"]["qad"])}
+    for tname in (t for t in targets if t in cfg.grid_targets):
+        tspec = targets[tname]()
         tgt = load_model(tspec, cfg.decode_dtype)
         # every run saved as it finishes (a cut stage resumes run by run); stage 04 reuses decode-qad.json
         grid[tname] = decode_grid(out / f"decode-{tname}.json", tgt, {
