@@ -159,6 +159,30 @@ def decode(fn, prompts, n_new: int) -> list[GenResult]:
     return [fn(p, n_new) for p in prompts]
 
 
+def timing_rounds(target, drafters: dict, prompts, n: int, rounds: int, compiled: bool, fast_decoder,
+                  window: int | None) -> dict:
+    """Plain against each drafter in ``rounds`` rounds on one pair of warmed-up decoders, the order alternating from
+    round to round (``serving.interleaved_timing_jobs``), each round decoding every prompt: tokens/s per side and
+    the per-round speedup's median and range (``serving.timing_summary``)."""
+    from qdflash.serving import interleaved_timing_jobs, timing_summary
+    out = {}
+    for name, d in drafters.items():
+        dc = d.config.dflash_config
+        win = window if window is not None else (dc.get("swa_window_size") if dc.get("use_swa") else None)
+        fds = {"plain": fast_decoder(None, compiled)[0], "spec": fast_decoder(d, compiled, win)[0]}
+        results = {}
+        for job, side in interleaved_timing_jobs({"side": "plain"}, {"side": "spec"}, rounds).items():
+            runs = [fds[side["side"]].generate(p, n, split_timing=False) for p in prompts]
+            st = summarize(runs, False)
+            results[job] = {"output_tokens_per_s": st["tokens_per_s"], "tokens": [r.tokens for r in runs]}
+        for fd in fds.values():
+            fd.close()
+        summary = timing_summary(results)
+        summary["prompts"] = len(prompts)
+        out[name] = summary
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -177,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--modes", default="fast,graphs", help="static-cache modes to run: fast, graphs or both "
                     "(eager always runs on --eager-prompts); graphs alone fits a short device call")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=0, help="then time plain against each drafter in this many rounds, "
+                    "the order alternating, in the reference mode: median and range of the per-round speedup")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     t_start = time.time()
@@ -286,6 +312,10 @@ def main(argv: list[str] | None = None) -> dict:
         write_json(Path(a.out), res)                    # partial results survive a cut call
         print(name, json.dumps({m: {k: v for k, v in s.items() if not isinstance(v, dict)}
                                 for m, s in out.items() if isinstance(s, dict)}, indent=1), flush=True)
+    if a.rounds:
+        res["timing"] = timing_rounds(target, drafters, prompts, n, a.rounds, modes[ref_mode], fast_decoder, a.window)
+        write_json(Path(a.out), res)
+        print(json.dumps({k: v["speedup"] for k, v in res["timing"].items()}, indent=1), flush=True)
     res["wall_s"] = round(time.time() - t_start, 1)
     res["headline"] = {"plain_tokens_per_s": {m: plain[m]["tokens_per_s"] for m in ["eager"] + list(modes)},
                        "floor_tokens_per_s": floor, "reference_mode": ref_mode,

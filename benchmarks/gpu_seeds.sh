@@ -52,18 +52,8 @@ done
 # the seed-0 two-stage drafter in bf16, once, in 14 MiB parts (for vLLM on the CPU machine: issue 35 item 9);
 # rejoin with: cat drafter-bf16.tgz.part* | tar xz
 if done_ $S0 03_drafter_finetune && [ ! -f /tmp/drafter-sent ]; then
-  python3 - $S0/03_drafter_finetune /tmp/drafter-bf16 <<'PY' && touch /tmp/drafter-sent
-import sys, shutil, pathlib, torch
-from safetensors.torch import load_file, save_file
-src_root, dst_root = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-for src in sorted(p for p in src_root.glob("drafter-twostage-*") if p.is_dir()):
-    dst = dst_root / src.name; dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.suffix == ".safetensors":
-            save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in load_file(f).items()}, dst / f.name)
-        elif f.is_file():
-            shutil.copy(f, dst / f.name)
-PY
+  for d in $S0/03_drafter_finetune/drafter-twostage-*/; do python3 benchmarks/drafter_bf16.py $d /tmp/drafter-bf16/$(basename $d); done && \
+    touch /tmp/drafter-sent
   tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
 fi
 for s in $SEEDS; do [ $s = 0 ] || qad $s; done

@@ -5,7 +5,8 @@
 #   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."] benchmarks/gpu_xl.sh setup
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
-#             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)] benchmarks/gpu_xl.sh go [SECONDS]
+#             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
+#             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
 # source (drafter_tau_by_source.py), stage 01, stage 03. Everything it wrote comes back as $OUT/xl.tgz.
@@ -82,6 +83,16 @@ if done_ 00_data; then
   done_ 01_qad || { ok && stage 01_qad; }
   done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune ${XL_02:-}
   done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
+  # batch-1 speed on the QAD target (issue 35 item 9): its dense bf16 twin, CUDA graphs, plain against the two-stage
+  # drafter in 5 alternating rounds (XL_SPEED=1); and that drafter in bf16 for vLLM on the CPU machine (14 MiB parts)
+  if [ -n "${XL_SPEED:-}" ] && done_ 03_drafter_finetune && [ ! -f $O/speed-qad.json ] && ok 240; then
+    TW=$R/01_qad/$(python3 -c "import json;print(json.load(open('$R/01_qad/metrics.json'))['names']['twin'])")
+    TS=$R/03_drafter_finetune/$(python3 -c "import json;print(json.load(open('$R/03_drafter_finetune/metrics.json'))['drafters']['two_stage'])")
+    run speed python3 benchmarks/gpu_fast_decode.py --device cuda --target $TW --dtype bfloat16 --data $R/00_data \
+      --drafter two_stage=$TS --prompts 32 --new-tokens 128 --modes graphs --rounds 5 --out $O/speed-qad.json
+    python3 benchmarks/drafter_bf16.py $TS /tmp/drafter-bf16/$(basename $TS) && \
+      tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
+  fi
 fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
 cp $R/03_drafter_finetune/decode-*.json $O/ 2>/dev/null

@@ -281,3 +281,25 @@ def test_reduced_draft_vocabulary_fast_equals_eager(tiny32):
     eager = generate(target, p, N, drafter)
     assert fast.tokens == eager.tokens == plain.tokens
     assert fast.accept_lengths == eager.accept_lengths
+
+
+def test_gpu_fast_decode_times_plain_against_the_drafter_in_alternating_rounds(tmp_path, monkeypatch):
+    """``benchmarks/gpu_fast_decode.py --rounds`` (the H200 speed-up on the QAD target, issue 35 item 9), on the CPU
+    with the tiny target: every round is kept, the median is that of the rounds' speed-ups (each the ratio of its
+    round's two runs: ``serving.timing_summary``, tested in test_serving_metrics) and greedy tokens repeat."""
+    import importlib.util
+    import json
+    import statistics
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_fast_decode.py"
+    spec = importlib.util.spec_from_file_location("gpu_fast_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr("sys.argv", ["gpu_fast_decode.py"])
+    out = tmp_path / "fd.json"
+    mod.main(["--device", "cpu", "--target", "tiny", "--dtype", "float32", "--drafter", "random", "--prompts", "2",
+              "--eager-prompts", "1", "--new-tokens", "12", "--modes", "fast", "--rounds", "3", "--out", str(out)])
+    t = json.loads(out.read_text())["timing"]["random"]
+    assert t["rounds"] == 3 and t["prompts"] == 2 and t["same_tokens"] == {"plain": True, "spec": True}
+    assert t["speedup"]["median"] == pytest.approx(statistics.median(t["speedup_per_round"]))
+    assert t["speedup"]["min"] <= t["speedup"]["median"] <= t["speedup"]["max"]
