@@ -4,7 +4,7 @@
 # The machine's setup (wheels, the split GGUF) is benchmarks/device.sh.
 #   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."] benchmarks/gpu_xl.sh setup
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
-#             QDFLASH_GIT_SHA=<commit> [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
+#             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
 #             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
@@ -46,7 +46,7 @@ PY
   exit 0
 fi
 source benchmarks/device.sh
-export QDFLASH_PROMPTS_DUMP=.device/xl_prompts.json.gz QDFLASH_CACHE=/tmp/qdcache
+export QDFLASH_PROMPTS_DUMP=${XL_DUMP:-.device/xl_prompts.json.gz} QDFLASH_CACHE=/tmp/qdcache   # XL_DUMP: a dump for XL_00's size
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
 run() {  # NAME CMD...: run until the deadline, log, record wall time and rc
   local name=$1; shift; local t=$(date +%s.%N)
@@ -64,7 +64,7 @@ done_() { [ -f $R/$1/metrics.json ]; }
 ok() { [ $(left) -gt ${1:-60} ]; }
 # the regeneration benchmark only when asked (XL_BENCH="--prompts 16384 --batch 1024,2048,4096"): stage 00 reports its own
 [ -n "${XL_BENCH:-}" ] && [ ! -f $O/bench.json ] && run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json $XL_BENCH
-done_ 00_data || stage 00_data
+done_ 00_data || stage 00_data ${XL_00:-}    # XL_00="--set n_prompts=100768" (with a prompt dump made for that size)
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if done_ 00_data; then
   [ -z "${XL_PROFILE-1}" ] || [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
