@@ -9,7 +9,8 @@
 #             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
-# source (drafter_tau_by_source.py), stage 01, stage 03. Everything it wrote comes back as $OUT/xl.tgz.
+# source (drafter_tau_by_source.py), stage 01, stage 03, the speed pass (XL_SPEED), stage 04. Everything it wrote
+# comes back as $OUT/xl.tgz.
 set -u
 PHASE=$1; BUDGET=${2:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
 O=/tmp/o; R=/tmp/runs-xl; mkdir -p $O $R
@@ -82,17 +83,18 @@ if done_ 00_data; then
   fi
   done_ 01_qad || { ok && stage 01_qad; }
   done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune ${XL_02:-}
-  done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
   # batch-1 speed on the QAD target (issue 35 item 9): its dense bf16 twin, CUDA graphs, plain against the two-stage
   # drafter in 5 alternating rounds (XL_SPEED=1); and that drafter in bf16 for vLLM on the CPU machine (14 MiB parts)
-  if [ -n "${XL_SPEED:-}" ] && done_ 03_drafter_finetune && [ ! -f $O/speed-qad.json ] && ok 240; then
+  if [ -n "${XL_SPEED:-}" ] && done_ 03_drafter_finetune && [ ! -f $O/speed.done ] && ok 240; then
     TW=$R/01_qad/$(python3 -c "import json;print(json.load(open('$R/01_qad/metrics.json'))['names']['twin'])")
     TS=$R/03_drafter_finetune/$(python3 -c "import json;print(json.load(open('$R/03_drafter_finetune/metrics.json'))['drafters']['two_stage'])")
     run speed python3 benchmarks/gpu_fast_decode.py --device cuda --target $TW --dtype bfloat16 --data $R/00_data \
-      --drafter two_stage=$TS --prompts 32 --new-tokens 128 --modes graphs --rounds 5 --out $O/speed-qad.json
+      --drafter two_stage=$TS --prompts 32 --new-tokens 128 --modes graphs --rounds 5 --out $O/speed-qad.json && \
+      touch $O/speed.done
     python3 benchmarks/drafter_bf16.py $TS /tmp/drafter-bf16/$(basename $TS) && \
       tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
   fi
+  done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
 fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
 cp $R/03_drafter_finetune/decode-*.json $O/ 2>/dev/null
