@@ -7,7 +7,9 @@ with the roofline of a decode step next to the measured figure and a greedy-toke
 
 ``--synthetic``: a randomly initialised model of SmolLM2-135M's shape and random prompts of 30-94 tokens, no EOS
 (every row runs max_new tokens): the fast path's speed alone (no transformers comparison), for each key bucket
-(``BatchGenerator.key_bucket``; 416 = every slot read every step), repetitions interleaved, medians.
+(``BatchGenerator.key_bucket``; 416 = every slot read every step), repetitions interleaved, medians; with
+``--profile-step 2048:256`` also where a decode step's kernel time goes (``step_profile``: attention, matmuls,
+argmax, copies) at that batch and context.
 
 Prompts: the real pools of a prompt dump (``QDFLASH_PROMPTS_DUMP``, as stage 00 reads it) or synthetic text.
 Roofline per decode step at batch B and mean context L: bytes = weights + K/V read (2 x layers x kv_heads x head_dim x
@@ -113,6 +115,57 @@ def _margins(model, prompts, a, b) -> list[dict]:
     return res
 
 
+_KERNEL_KINDS = (("attention", ("fmha", "flash", "attention", "attn")), ("matmul", ("gemm", "cutlass", "xmma", "matmul",
+                 "addmm", "aten::mm", "aten::bmm", "linear")), ("argmax / reduce", ("argmax", "reduce", "max")),
+                 ("copy / cast", ("copy", "cast", "index", "cat", "to_copy")))
+
+
+def step_profile(model, batch: int, context: int, steps: int = 8, key_bucket: int = 64) -> dict:
+    """Where a decode step's time goes at ``batch`` rows and ``context`` filled slots: the fast path without CUDA
+    graphs (a kernel runs as long inside a graph as outside it) under ``torch.profiler``; per step = (profile of
+    1 + ``steps`` tokens - profile of 1 token) / ``steps``, i.e. the prefill cancels. GPU: CUDA kernel time; CPU:
+    the self time of aten ops (noisy: a check of the code path, not a measurement). Returns ms per step by kind of kernel (``_KERNEL_KINDS``: attention, matmul,
+    argmax / reduce, copy / cast, other) and the 12 costliest kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from qdflash.batch_generate import BatchGenerator
+    dev = next(model.parameters()).device
+    cuda = dev.type == "cuda"
+    gen = BatchGenerator(model, batch_size=batch, max_len=context + steps + 2, graphs=False, key_bucket=key_bucket)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, model.config.vocab_size, (context,), generator=g).tolist() for _ in range(batch)]
+    gen.generate(prompts, 2, None)                                   # warm-up (allocator, kernel selection)
+
+    def times(n: int) -> dict[str, float]:
+        with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+            gen.generate(prompts, n, None)
+            if cuda:
+                torch.cuda.synchronize()
+        out: dict[str, float] = {}
+        for e in prof.events():
+            if cuda and e.device_type == DeviceType.CUDA:
+                us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            elif not cuda and e.name.startswith("aten::"):
+                us = e.self_cpu_time_total                           # self time: an op's children are counted apart
+            else:
+                continue
+            out[e.name] = out.get(e.name, 0.0) + us
+        return out
+    one, many = times(1), times(1 + steps)
+    per = {k: (many.get(k, 0.0) - one.get(k, 0.0)) / steps / 1e3 for k in many}      # ms per decode step
+    kinds: dict[str, float] = {}
+    for name, ms in per.items():
+        low = name.lower()
+        kind = next((k for k, keys in _KERNEL_KINDS if any(x in low for x in keys)), "other")
+        kinds[kind] = kinds.get(kind, 0.0) + ms
+    top = sorted(per.items(), key=lambda kv: -kv[1])[:12]
+    return {"batch": batch, "context": context, "steps": steps, "key_bucket": key_bucket,
+            "unit": "CUDA kernel ms per step" if cuda else "CPU aten-op self ms per step",
+            "total_ms": round(sum(per.values()), 3), "by_kind_ms": {k: round(v, 3) for k, v in sorted(kinds.items())},
+            "top_kernels_ms": [[name[:120], round(ms, 3)] for name, ms in top]}
+
+
 def _synthetic(args, dev) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -151,6 +204,10 @@ def _synthetic(args, dev) -> None:
                             "roofline": _roofline(model, B, ctx, peak)}
     out["median"] = med
     print(json.dumps(med))
+    if args.profile_step:                       # B:L pairs, e.g. 2048:256,2048:416
+        out["step_profile"] = [step_profile(model, int(b), int(c)) for b, c in
+                               (x.split(":") for x in args.profile_step.split(","))]
+        print(json.dumps(out["step_profile"]), flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
 
 
@@ -166,6 +223,8 @@ def main() -> None:
     ap.add_argument("--synthetic", action="store_true")
     ap.add_argument("--key-buckets", default="64")
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--profile-step", default="", help="with --synthetic: B:L,... where a decode step's kernel time "
+                    "goes at batch B and context L (step_profile)")
     args = ap.parse_args()
     from qdflash.batch_generate import BatchGenerator
     from qdflash.models import load_model, load_tokenizer

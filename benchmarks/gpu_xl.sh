@@ -2,7 +2,8 @@
 # The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
 # passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
 # The machine's setup (wheels, the split GGUF) is benchmarks/device.sh.
-#   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."] benchmarks/gpu_xl.sh setup
+#   call 1 (carry .whl .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."]
+#             [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
@@ -34,6 +35,9 @@ if [ "$PHASE" = setup ]; then
     b128) A="--ce-chunk 4096 --batch 128";; compile) A="--ce-chunk 4096 --compile";; *) echo "unknown variant $v"; continue;;
   esac
   timeout 240 $P $A --out $O/step-$v.json > $O/log-step-$v.txt 2>&1; echo "variant $v rc=$?"; done
+  # where the generator's decode step goes (issue 34 item 2; XL_GENPROF=1): a SmolLM2-shaped random model, batch 2048
+  [ -n "${XL_GENPROF:-}" ] && timeout 200 python3 benchmarks/batch_generate_bench.py --synthetic --batch 2048 \
+    --prompts 2048 --max-new 224 --profile-step 2048:128,2048:320 --out $O/gen-profile.json > $O/log-gen-profile.txt 2>&1
   python3 - <<'PY'
 import json, os
 for n in ("base", "chunk", "nochunk", "vocab8k", "cfeat", "cfeat128", "cfeat128L4", "cfeat128v8k", "b128", "compile"):

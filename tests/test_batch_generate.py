@@ -161,3 +161,25 @@ def test_nucleus_sampling_stays_in_the_nucleus_also_past_the_top_1024():
     got = BatchGenerator._sample_host(logits, 1.0, 0.9, gen)
     assert set(got[1::2].tolist()) == {5, 17}
     assert len(set(got[0::2].tolist())) > 150                  # uniform draws from the flat row's wide nucleus
+
+
+def test_step_profile_splits_a_decode_step_by_kind_of_kernel(one_thread):
+    """``benchmarks/batch_generate_bench.py --profile-step`` (issue 34 item 2: where the generator's step goes): on
+    the CPU with a matmul-heavy model the projections show as matmul, the kinds add up to the total, and the
+    costliest op is a matrix multiply."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "batch_generate_bench.py"
+    spec = importlib.util.spec_from_file_location("batch_generate_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=8192,
+                                         tie_word_embeddings=True)).eval()
+    r = mod.step_profile(model, batch=16, context=48, steps=6)
+    assert (r["batch"], r["context"], r["steps"]) == (16, 48, 6) and r["unit"].startswith("CPU")
+    assert sum(r["by_kind_ms"].values()) == pytest.approx(r["total_ms"], abs=0.01)
+    assert r["by_kind_ms"]["matmul"] > 0 and r["top_kernels_ms"][0][0] in ("aten::mm", "aten::addmm", "aten::bmm")
