@@ -115,9 +115,10 @@ def _margins(model, prompts, a, b) -> list[dict]:
     return res
 
 
-_KERNEL_KINDS = (("attention", ("fmha", "flash", "attention", "attn")), ("matmul", ("gemm", "cutlass", "xmma", "matmul",
-                 "addmm", "aten::mm", "aten::bmm", "linear")), ("argmax / reduce", ("argmax", "reduce", "max")),
-                 ("copy / cast", ("copy", "cast", "index", "cat", "to_copy")))
+_KERNEL_KINDS = (("attention", ("fmha", "flash", "attention", "attn", "softmax")),
+                 ("matmul", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "sm90_", "matmul", "addmm", "aten::mm",
+                             "aten::bmm", "linear")),
+                 ("argmax / reduce", ("argmax", "reduce")), ("copy / cast", ("copy", "cast", "index", "cat", "to_copy")))
 
 
 def step_profile(model, batch: int, context: int, steps: int = 8, key_bucket: int = 64) -> dict:

@@ -7,12 +7,12 @@
 #   call 1 (carry .device/gguf.parta):  bash benchmarks/gpu_xl.sh setup   (XL_VARIANTS=none: no step variants)
 #   calls 2.. (carry .whl the first time, .device/gguf.partb .device/xl_prompts.json.gz; within 30 s of the last):
 #       QDFLASH_GIT_SHA=<commit> [SEEDS="0 1 2"] [N=12884] [DRAFTER_SETS="--set k=v ..."] bash benchmarks/gpu_seeds.sh [SECONDS]
-# DRAFTER_SETS: the drafter recipe for stages 02-03 where the preset's does not train at N (run-1206e-h100: batch 128
+# DRAFTER_SETS (split on spaces: no space or glob character inside a value): the drafter recipe for stages 02-03 where the preset's does not train at N (run-1206e-h100: batch 128
 # gave 129 steps at N=6000, an untrained drafter); e.g. smol-gpu's "--set batch_size=32 --set lr=1e-3 --set epochs=4".
 # Stage 03 decodes its grid on the QAD target only (grid_targets), the comparison's target.
 # Order: stage 00, the seed-0 QAD target, the drafter seeds, the other QAD seeds (the drafter comparison is the weaker
 # claim, so it goes first when the GPU time runs short).
-# Runs: /tmp/runs-seeds/s<seed>/ (00_data and, for seeds > 0, 01_qad of seed 0 linked in); stage 01 of every seed in
+# Runs: /tmp/runs-seeds/s<seed>/ (seed 0's 01_qad linked in, and for seeds > 0 its 00_data too); stage 01 of every seed in
 # /tmp/runs-seeds/q<seed>/. Everything comes back as $OUT/seeds.tgz.
 set -u
 BUDGET=${1:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
@@ -43,8 +43,10 @@ for s in $SEEDS; do                       # two-stage against direct on the seed
   D=$R/s$s; mkdir -p $D; [ $s = 0 ] || ln -sfn $S0/00_data $D/00_data; ln -sfn $R/q0/01_qad $D/01_qad
   done_ $R/q0 01_qad || continue
   done_ $D 02_drafter_pretrain || { ok 120 && stage $D 02_drafter_pretrain --set seed=$s $DRAFTER_SETS; }
-  # every seed finetunes on the same QAD-regenerated data: seed 0's, resumed (regenerate_rows checks the weights)
-  [ $s = 0 ] || [ -d $D/03_drafter_finetune/finetune_data ] || ! done_ $S0 03_drafter_finetune || \
+  # every seed finetunes on the same QAD-regenerated data: seed 0's, resumed (regenerate_rows checks the weights);
+  # so no other seed runs stage 03 before seed 0's has finished
+  [ $s = 0 ] || done_ $S0 03_drafter_finetune || continue
+  [ $s = 0 ] || [ -d $D/03_drafter_finetune/finetune_data ] || \
     { mkdir -p $D/03_drafter_finetune && cp -r $S0/03_drafter_finetune/finetune_data $D/03_drafter_finetune/; }
   done_ $D 02_drafter_pretrain && ! done_ $D 03_drafter_finetune && ok 120 && \
     stage $D 03_drafter_finetune --set seed=$s --set direct_ablation=true --set 'grid_targets=["qad"]' $DRAFTER_SETS

@@ -95,7 +95,7 @@ if done_ 00_data; then
     run speed python3 benchmarks/gpu_fast_decode.py --device cuda --target $TW --dtype bfloat16 --data $R/00_data \
       --drafter two_stage=$TS --prompts 32 --new-tokens 128 --modes graphs --rounds 5 --out $O/speed-qad.json && \
       touch $O/speed.done
-    python3 benchmarks/drafter_bf16.py $TS /tmp/drafter-bf16/$(basename $TS) && \
+    [ -f $O/speed.done ] && timeout $(left) python3 benchmarks/drafter_bf16.py $TS /tmp/drafter-bf16/$(basename $TS) && \
       tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
   fi
   done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant

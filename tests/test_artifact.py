@@ -164,6 +164,11 @@ def test_compare_tolerances(tmp_path):
     dec2["decoding"]["fp"]["two_stage"].update(tau=1.26, tokens_per_s=3.0, mismatched_outputs=1)
     dec2["decoding"]["fp"]["two_stage"]["per_position"] = [0.19, 0.04]
     stage(new, "03_drafter_finetune", dec2)
+    for dtype, mism in (("bfloat16", 5), ("float32", 0)):         # stage 06: near-ties in bf16, lossless in fp32
+        stage(old / dtype, "06_evaluation", {"speculation_check": {"mismatched_outputs": mism}}, dtype=dtype)
+        stage(new / dtype, "06_evaluation", {"speculation_check": {"mismatched_outputs": mism + 2}}, dtype=dtype)
+    assert compare(new / "bfloat16", old / "bfloat16").moved.empty
+    assert list(compare(new / "float32", old / "float32").moved.metric) == ["speculation_check.mismatched_outputs"]
     c = compare(new, old)
     st = {(r.stage, r.metric): r.status for r in c.table.itertuples()}
     assert st[("01_qad", "eval.qad.kl_to_teacher")] == "ok"             # +1% < 2%

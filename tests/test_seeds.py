@@ -54,7 +54,7 @@ def test_the_committed_seeds_run_is_what_the_readme_and_its_table_show():
     assert s["seeds"] == 3 and s["per_seed"] == pytest.approx(per_file, rel=1e-9)     # pooled KL sums = stage 01's ratio
     assert s["ci95"][0] < s["estimate"] < s["ci95"][1]
     t = seeds_table(run)
-    assert list(t.index) == ["0", "1", "2", "mean of 3"] and t.loc["mean of 3", "QAD / GPTQ"] == f"{s['estimate']:.3f}"
+    assert list(t.index) == ["0", "1", "2", "mean of 3"] and t.loc["mean of 3", "QAD / GPTQ"] == f"{s['estimate']:.3f} (mean)"
     lo, hi = s["ci95"]
     assert f"| {s['estimate']:.3f} | {lo:.3f}–{hi:.3f} (3 seeds, then {s['items']} conversations) |" in \
         (repo / "README.md").read_text()

@@ -480,7 +480,7 @@ def seeds_table(run_dir: str | Path) -> pd.DataFrame:
     if s:
         lo, hi = s["ci95"]
         rows.append({"seed": f"mean of {s['seeds']}", "RTN KL": "", "GPTQ KL": "", "QAD KL": "",
-                     "QAD / GPTQ": f"{s['estimate']:.3f}",
+                     "QAD / GPTQ": f"{s['estimate']:.3f} (mean)",       # text: tabulate would print 0.270 as 0.27
                      "95% CI": f"{lo:.3f}–{hi:.3f} (seeds, then conv.; sd over seeds {s['seed_sd']:.4f})",
                      "QAD steps": ""})
     return pd.DataFrame(rows).set_index("seed") if rows else pd.DataFrame()

@@ -192,9 +192,10 @@ def _seeds_rows(run_dir: Path) -> list[tuple[str, str, str, str]]:
     if not s:
         return []
     lo, hi = s["ci95"]
-    n = read_json(run_dir / "config-s0-00_data.json").get("n_prompts", "?") if (run_dir / "config-s0-00_data.json").exists() else "?"
-    return [(f"QAD W4A16's held-out KL as a fraction of GPTQ W4A16's, mean of {s['seeds']} training seeds "
-             f"({n:,} conversations)", "`smol-gpu-xl` 01", f"{s['estimate']:.3f}",
+    cfg = run_dir / "config-s0-00_data.json"
+    n = read_json(cfg).get("n_prompts") if cfg.exists() else None
+    return [(f"QAD W4A16's held-out KL as a fraction of GPTQ W4A16's, mean of {s['seeds']} training seeds"
+             + (f" ({n:,} conversations)" if isinstance(n, int) else ""), "`smol-gpu-xl` 01", f"{s['estimate']:.3f}",
              f"{lo:.3f}–{hi:.3f} ({s['seeds']} seeds, then {s['items']} conversations)")]
 
 
@@ -422,11 +423,15 @@ def _gpu_seeds(reads: list[Path], root: Path) -> str:
     if t:
         lo, hi = t["ci95"]
         tr = read_json(run / "metrics-s0-02_drafter_pretrain.json")["train"]
+        ref = read_json(reads[1])["train"]            # the same recipe's pretrain drafter at the preset's full size
         out += (f"\nThe same run's drafters ({t['seeds']} seed{'s' * (t['seeds'] > 1)}): two-stage minus direct tau on "
                 f"the QAD target {t['estimate']:+.3f} ({lo:+.3f}–{hi:+.3f}, {t['items']} prompts), at two-stage tau "
-                f"{sum(t['side_a']) / len(t['side_a']):.3f}. The preset's batch of 128 gives the pretrain drafter "
-                f"{tr['steps']} steps at this size (training loss {tr['final_loss']:.2f}, accuracy {tr['final_acc']:.3f} "
-                f"at the end): an untrained drafter, so this says nothing about the paper's comparison.\n")
+                f"{sum(t['side_a']) / len(t['side_a']):.3f}. Its pretrain drafter trained {tr['steps']} steps (training "
+                f"loss {tr['final_loss']:.2f}, accuracy {tr['final_acc']:.3f} at the end) against {ref['steps']} steps "
+                f"(loss {ref['final_loss']:.2f}, accuracy {ref['final_acc']:.3f}) at the preset's full size "
+                f"(`{rel(reads[1].parent)}/`)"
+                + (": an untrained drafter, so this says nothing about the paper's comparison.\n"
+                   if tr["final_acc"] < ref["final_acc"] / 2 else ".\n"))
     return out
 
 
