@@ -19,13 +19,15 @@ BUDGET=${1:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
 O=/tmp/o-seeds; R=/tmp/runs-seeds; mkdir -p $O $R
 END=$(( $(date +%s) + BUDGET ))
 SEEDS=${SEEDS:-0 1 2}; N=${N:-12884}; DRAFTER_SETS=${DRAFTER_SETS:-}
-source benchmarks/device.sh
+# PRESET and DEVICE_SH are for a dry run of this flow on the CPU: PRESET=tiny DEVICE_SH=/dev/null (python3 = the venv's)
+PRESET=${PRESET:-smol-gpu-xl}
+source ${DEVICE_SH:-benchmarks/device.sh}
 export QDFLASH_PROMPTS_DUMP=.device/xl_prompts.json.gz QDFLASH_CACHE=/tmp/qdcache
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
 ok() { [ $(left) -gt ${1:-60} ]; }
 stage() {  # ROOT STAGE [--set k=v ...]: run until the deadline, log, record wall time and rc
   local root=$1 s=$2; shift 2; local t=$(date +%s.%N) name=$(basename $root)-$s
-  timeout $(left) python3 -m qdflash.cli run $s --preset smol-gpu-xl --runs $root --no-progress "$@" >> $O/log-$name.txt 2>&1
+  timeout $(left) python3 -m qdflash.cli run $s --preset $PRESET --runs $root --no-progress "$@" >> $O/log-$name.txt 2>&1
   echo "$name rc=$? $(python3 -c "print(round($(date +%s.%N)-$t,1))")s sha=${QDFLASH_GIT_SHA:-?}" | tee -a $O/stage_times.txt
   cp $root/$s/metrics.json $O/metrics-$name.json 2>/dev/null; cp $root/$s/config.json $O/config-$name.json 2>/dev/null
   cp $root/$s/decode-*.json $O/ 2>/dev/null && for f in $root/$s/decode-*.json; do mv $O/$(basename $f) $O/$name-$(basename $f); done
