@@ -50,7 +50,10 @@ PY
   tar czf "$DEV_OUT/xl-setup.tgz" -C /tmp o
   exit 0
 fi
-source benchmarks/device.sh
+# PRESET, DEVICE_SH and SPEED_DEVICE are for a dry run of the go passes on the CPU (PRESET=tiny DEVICE_SH=/dev/null
+# SPEED_DEVICE=cpu, python3 = the venv's)
+PRESET=${PRESET:-smol-gpu-xl}
+source ${DEVICE_SH:-benchmarks/device.sh}
 export QDFLASH_PROMPTS_DUMP=${XL_DUMP:-.device/xl_prompts.json.gz} QDFLASH_CACHE=/tmp/qdcache   # XL_DUMP: a dump for XL_00's size
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
 run() {  # NAME CMD...: run until the deadline, log, record wall time and rc
@@ -62,7 +65,7 @@ run() {  # NAME CMD...: run until the deadline, log, record wall time and rc
 }
 stage() {  # STAGE [--set k=v ...]
   local s=$1; shift
-  run $s python3 -m qdflash.cli run $s --preset smol-gpu-xl --runs $R --no-progress "$@"
+  run $s python3 -m qdflash.cli run $s --preset $PRESET --runs $R --no-progress "$@"
   cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; true
 }
 done_() { [ -f $R/$1/metrics.json ]; }
@@ -92,7 +95,7 @@ if done_ 00_data; then
   if [ -n "${XL_SPEED:-}" ] && done_ 03_drafter_finetune && [ ! -f $O/speed.done ] && ok 240; then
     TW=$R/01_qad/$(python3 -c "import json;print(json.load(open('$R/01_qad/metrics.json'))['names']['twin'])")
     TS=$R/03_drafter_finetune/$(python3 -c "import json;print(json.load(open('$R/03_drafter_finetune/metrics.json'))['drafters']['two_stage'])")
-    run speed python3 benchmarks/gpu_fast_decode.py --device cuda --target $TW --dtype bfloat16 --data $R/00_data \
+    run speed python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $TW --dtype bfloat16 --data $R/00_data \
       --drafter two_stage=$TS --prompts 32 --new-tokens 128 --modes graphs --rounds 5 --out $O/speed-qad.json && \
       touch $O/speed.done
     [ -f $O/speed.done ] && timeout $(left) python3 benchmarks/drafter_bf16.py $TS /tmp/drafter-bf16/$(basename $TS) && \
