@@ -169,6 +169,8 @@ def test_compare_tolerances(tmp_path):
         stage(new / dtype, "06_evaluation", {"speculation_check": {"mismatched_outputs": mism + 2}}, dtype=dtype)
     assert compare(new / "bfloat16", old / "bfloat16").moved.empty
     assert list(compare(new / "float32", old / "float32").moved.metric) == ["speculation_check.mismatched_outputs"]
+    stage(new / "dtype", "06_evaluation", {"speculation_check": {"mismatched_outputs": 5}}, dtype="float32")
+    assert compare(new / "dtype", old / "bfloat16").config_diffs == ["06_evaluation: dtype 'bfloat16' -> 'float32'"]
     c = compare(new, old)
     st = {(r.stage, r.metric): r.status for r in c.table.itertuples()}
     assert st[("01_qad", "eval.qad.kl_to_teacher")] == "ok"             # +1% < 2%

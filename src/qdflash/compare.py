@@ -66,16 +66,17 @@ def tolerance(key: str) -> tuple[str, float | None, str]:
     return "rel", 0.05, "default"
 
 
-def flatten(obj, prefix: str = "") -> dict[str, object]:
-    """Numeric and boolean leaves of a JSON tree by dotted path (strings, e.g. paths and names, are left out)."""
+def flatten(obj, prefix: str = "", strings: bool = False) -> dict[str, object]:
+    """Numeric and boolean leaves of a JSON tree by dotted path; strings (in metrics: paths and names) only with
+    ``strings`` (in configs they are settings: a dtype, a data source)."""
     out = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k), strings))
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            out.update(flatten(v, f"{prefix}.{i}"))
-    elif isinstance(obj, (bool, int, float)) and obj is not None:
+            out.update(flatten(v, f"{prefix}.{i}", strings))
+    elif isinstance(obj, (bool, int, float)) or (strings and isinstance(obj, str)):
         out[prefix] = obj
     return out
 
@@ -129,7 +130,7 @@ def compare(rerun: str | Path, committed: str | Path) -> Comparison:
             continue
         stages.append(s)
         cfg_a = _load(committed / s, "config.json")
-        ca, cb = flatten(cfg_a), flatten(_load(rerun / s, "config.json"))
+        ca, cb = flatten(cfg_a, strings=True), flatten(_load(rerun / s, "config.json"), strings=True)
         cfg_diffs += [f"{s}: {k} {ca.get(k)!r} -> {cb.get(k)!r}" for k in sorted(set(ca) | set(cb))
                       if ca.get(k) != cb.get(k)]
         old, new = flatten(json.loads(a.read_text())), flatten(json.loads(b.read_text()))
