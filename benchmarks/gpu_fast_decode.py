@@ -159,17 +159,15 @@ def decode(fn, prompts, n_new: int) -> list[GenResult]:
     return [fn(p, n_new) for p in prompts]
 
 
-def timing_rounds(target, drafters: dict, prompts, n: int, rounds: int, compiled: bool, fast_decoder,
-                  window: int | None) -> dict:
-    """Plain against each drafter in ``rounds`` rounds on one pair of warmed-up decoders, the order alternating from
-    round to round (``serving.interleaved_timing_jobs``), each round decoding every prompt: tokens/s per side and
-    the per-round speedup's median and range (``serving.timing_summary``)."""
+def timing_rounds(drafters: dict, windows: dict, prompts, n: int, rounds: int, compiled: bool, fast_decoder) -> dict:
+    """Plain against each drafter (served with its window of ``windows``) in ``rounds`` rounds on one pair of
+    warmed-up decoders, the order alternating from round to round (``serving.interleaved_timing_jobs``), each round
+    decoding every prompt: tokens/s per side and the per-round speedup's median and range
+    (``serving.timing_summary``)."""
     from qdflash.serving import interleaved_timing_jobs, timing_summary
     out = {}
     for name, d in drafters.items():
-        dc = d.config.dflash_config
-        win = window if window is not None else (dc.get("swa_window_size") if dc.get("use_swa") else None)
-        fds = {"plain": fast_decoder(None, compiled)[0], "spec": fast_decoder(d, compiled, win)[0]}
+        fds = {"plain": fast_decoder(None, compiled)[0], "spec": fast_decoder(d, compiled, windows[name])[0]}
         results = {}
         for job, side in interleaved_timing_jobs({"side": "plain"}, {"side": "spec"}, rounds).items():
             runs = [fds[side["side"]].generate(p, n, split_timing=False) for p in prompts]
@@ -313,7 +311,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(name, json.dumps({m: {k: v for k, v in s.items() if not isinstance(v, dict)}
                                 for m, s in out.items() if isinstance(s, dict)}, indent=1), flush=True)
     if a.rounds:
-        res["timing"] = timing_rounds(target, drafters, prompts, n, a.rounds, modes[ref_mode], fast_decoder, a.window)
+        windows = {name: v["window"] for name, v in res["speculative"].items()}      # as the single pass served them
+        res["timing"] = timing_rounds(drafters, windows, prompts, n, a.rounds, modes[ref_mode], fast_decoder)
         write_json(Path(a.out), res)
         print(json.dumps({k: v["speedup"] for k, v in res["timing"].items()}, indent=1), flush=True)
     res["wall_s"] = round(time.time() - t_start, 1)

@@ -150,6 +150,7 @@ def test_compare_tolerances(tmp_path):
         assert tolerance(per_item)[0] == "skip", per_item
     assert tolerance("03_drafter_finetune:decoding.qad.two_stage.mismatched_outputs")[0] == "exact"   # fp32: lossless
     assert tolerance("06_evaluation:speculation_check.mismatched_outputs")[:2] == ("abs", 6)        # bf16 near-ties
+    assert tolerance("06_evaluation:speculation_check.mismatched_outputs", "float32")[0] == "exact"
     old, new = tmp_path / "results", tmp_path / "runs"
     base = {"eval": {"qad": {"kl_to_teacher": 0.30, "ppl_assistant": 2.5}, "gptq": {"kl_to_teacher": 0.28}},
             "wall_time_s": 100.0, "timings": {"qad_train_s": 50.0}}

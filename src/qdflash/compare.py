@@ -17,6 +17,7 @@ import pandas as pd
 
 from .dag import STAGES
 
+_LOSSLESS = "fp32 reference decoder is lossless: greedy mismatches must stay 0"
 # (pattern on "stage:dotted.path", kind, tolerance, why)
 TOLERANCES: list[tuple[str, str, float | None, str]] = [
     ("*wall_time_s", "skip", None, "wall time: machine and load dependent"),
@@ -49,8 +50,8 @@ TOLERANCES: list[tuple[str, str, float | None, str]] = [
     ("*score*", "abs", 0.10, "lm-eval score (few items: one item moves it by ~0.07)"),
     ("*.pass", "exact", None, "gate pass/fail"),
     ("06_evaluation:*mismatched*", "abs", 6, "bf16 reference decoder: near-tie flips (22 and 25 of 42 in two runs); "
-     "exact where the stage ran in float32 (compare())"),
-    ("*.mismatched_outputs", "exact", None, "fp32 reference decoder is lossless: greedy mismatches must stay 0"),
+     "exact where the stage ran in float32 (tolerance's dtype)"),
+    ("*.mismatched_outputs", "exact", None, _LOSSLESS),
     ("*mismatch*", "abs", 2, "bf16 vLLM greedy mismatches (near-ties flip)"),
     ("*mb", "rel", 0.01, "on-disk size"),
     ("*bytes*", "rel", 0.01, "on-disk size"),
@@ -59,7 +60,11 @@ TOLERANCES: list[tuple[str, str, float | None, str]] = [
 ]
 
 
-def tolerance(key: str) -> tuple[str, float | None, str]:
+def tolerance(key: str, dtype: str | None = None) -> tuple[str, float | None, str]:
+    """(kind, tolerance, why) of the metric ``key`` ("stage:dotted.path"): the first matching ``TOLERANCES`` entry;
+    ``dtype``, the stage config's, holds a greedy-mismatch count exact wherever the stage ran in float32."""
+    if dtype == "float32" and key.rsplit(".", 1)[-1].startswith("mismatched"):
+        return "exact", None, _LOSSLESS
     for pat, kind, tol, why in TOLERANCES:
         if fnmatch.fnmatchcase(key, pat):
             return kind, tol, why
@@ -135,9 +140,7 @@ def compare(rerun: str | Path, committed: str | Path) -> Comparison:
                       if ca.get(k) != cb.get(k)]
         old, new = flatten(json.loads(a.read_text())), flatten(json.loads(b.read_text()))
         for k in sorted(set(old) | set(new)):
-            kind, tol, why = tolerance(f"{s}:{k}")
-            if k.rsplit(".", 1)[-1].startswith("mismatched") and cfg_a.get("dtype") == "float32":
-                kind, tol, why = "exact", None, "fp32 reference decoder is lossless: greedy mismatches must stay 0"
+            kind, tol, why = tolerance(f"{s}:{k}", cfg_a.get("dtype"))
             row = {"stage": s, "metric": k, "committed": old.get(k), "rerun": new.get(k), "delta": None,
                    "tolerance": "-" if kind == "skip" else (kind if tol is None else f"{kind} {tol:g}"), "why": why}
             if kind == "skip":

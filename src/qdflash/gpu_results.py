@@ -460,10 +460,11 @@ def seeds_summary(run_dir: str | Path) -> dict:
     return out
 
 
-def seeds_table(run_dir: str | Path) -> pd.DataFrame:
+def seeds_table(run_dir: str | Path, summary: dict | None = None) -> pd.DataFrame:
     """QAD against GPTQ per training seed (``benchmarks/gpu_seeds.sh``'s ``metrics-q<s>-01_qad.json``): held-out KL
     of RTN, GPTQ and QAD W4A16 to the FP teacher, QAD's fraction of GPTQ's with its interval over conversations, and
-    the pooled row: the mean over seeds with its interval over seeds and conversations (``seeds_summary``)."""
+    the pooled row: the mean over seeds with its interval over seeds and conversations (``summary``: the run's
+    ``seeds_summary``, computed here when not given)."""
     d = Path(run_dir)
     rows = []
     for p in sorted(d.glob("metrics-q*-01_qad.json")):
@@ -476,7 +477,7 @@ def seeds_table(run_dir: str | Path) -> pd.DataFrame:
                      "GPTQ KL": round(kl["gptq"], 4), "QAD KL": round(kl["qad"], 4),
                      "QAD / GPTQ": f"{c['ratio']:.3f}", "95% CI": f"{lo:.3f}–{hi:.3f} ({c['n_conversations']} conv.)",
                      "QAD steps": m["steps"]})
-    s = seeds_summary(d).get("qad_vs_gptq_kl_ratio")
+    s = (summary if summary is not None else seeds_summary(d)).get("qad_vs_gptq_kl_ratio")
     if s:
         lo, hi = s["ci95"]
         rows.append({"seed": f"mean of {s['seeds']}", "RTN KL": "", "GPTQ KL": "", "QAD KL": "",

@@ -196,11 +196,16 @@ def _seeds_rows(run_dir: Path) -> list[tuple[str, str, str, str]]:
     if not s:
         return []
     lo, hi = s["ci95"]
-    cfg = run_dir / "config-s0-00_data.json"
-    n = read_json(cfg).get("n_prompts") if cfg.exists() else None
+    n = _seeds_conversations(run_dir)
     return [(f"QAD W4A16's held-out KL as a fraction of GPTQ W4A16's, mean of {s['seeds']} training seeds"
              + (f" ({n:,} conversations)" if isinstance(n, int) else ""), "`smol-gpu-xl` 01", f"{s['estimate']:.3f}",
              f"{lo:.3f}–{hi:.3f} ({s['seeds']} seeds, then {s['items']} conversations)")]
+
+
+def _seeds_conversations(run_dir: Path) -> int | None:
+    """Stage 00's ``n_prompts`` of a ``gpu_seeds.sh`` run (every seed trains on that data)."""
+    cfg = run_dir / "config-s0-00_data.json"
+    return read_json(cfg).get("n_prompts") if cfg.exists() else None
 
 
 def _lossless_note(m3: dict, m5: dict, m6: dict) -> str:
@@ -420,10 +425,11 @@ def _gpu_seeds(reads: list[Path], root: Path) -> str:
     from .figures import table_markdown
     from .gpu_results import seeds_summary, seeds_table
     run = reads[0]
-    out = "\n" + table_markdown(seeds_table(run), f"QAD against GPTQ over training seeds, `smol-gpu-xl` recipe at "
-                                 f"{read_json(run / 'config-s0-00_data.json')['n_prompts']:,} conversations, one H100 "
-                                 f"(`benchmarks/gpu_seeds.sh`; `{rel(run)}/`)", LEVEL)
-    t = seeds_summary(run).get("two_stage_minus_direct_tau")
+    summary, n = seeds_summary(run), _seeds_conversations(run)
+    out = "\n" + table_markdown(seeds_table(run, summary), f"QAD against GPTQ over training seeds, `smol-gpu-xl` recipe "
+                                 + (f"at {n:,} conversations" if isinstance(n, int) else "on a smaller data set")
+                                 + f", one H100 (`benchmarks/gpu_seeds.sh`; `{rel(run)}/`)", LEVEL)
+    t = summary.get("two_stage_minus_direct_tau")
     if t:
         lo, hi = t["ci95"]
         tr = read_json(run / "metrics-s0-02_drafter_pretrain.json")["train"]

@@ -88,9 +88,8 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                                          mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size,
                                          cfg.seed + 1).to(dev, ddt).eval()
     grid = {}
-    targets = {"fp": lambda: resolve_target(fp_spec), "qad": lambda: str(Path(qad_dir) / qm["names"]["qad"])}
-    for tname in (t for t in targets if t in cfg.grid_targets):
-        tspec = targets[tname]()
+    for tname in (t for t in ("fp", "qad") if t in cfg.grid_targets):
+        tspec = resolve_target(fp_spec) if tname == "fp" else str(Path(qad_dir) / qm["names"]["qad"])
         tgt = load_model(tspec, cfg.decode_dtype)
         # every run saved as it finishes (a cut stage resumes run by run); stage 04 reuses decode-qad.json
         grid[tname] = decode_grid(out / f"decode-{tname}.json", tgt, {
