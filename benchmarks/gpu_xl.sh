@@ -7,7 +7,8 @@
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
-#             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
+#             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03, the two-stage drafter; =pretrain: after stage 01,
+#             the pretrained drafter, no stage 03 needed; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
 # source (drafter_tau_by_source.py), stage 01, stage 03, the speed pass (XL_SPEED), stage 04. Everything it wrote
@@ -69,6 +70,19 @@ stage() {  # STAGE [--set k=v ...]
   cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; true
 }
 done_() { [ -f $R/$1/metrics.json ]; }
+# batch-1 speed on the QAD target (issue 35 item 9): its dense bf16 twin, CUDA graphs, plain against one drafter in
+# 5 alternating rounds; then that drafter in bf16 for vLLM on the CPU machine (14 MiB parts). speed_pass NAME DRAFTER
+speed_pass() {
+  local name=$1 drafter=$2
+  [ -f $O/speed-$name.done ] || ! ok 240 && return 0
+  local tw=$R/01_qad/$(python3 -c "import json;print(json.load(open('$R/01_qad/metrics.json'))['names']['twin'])")
+  run speed-$name python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $tw --dtype bfloat16 \
+    --data $R/00_data --drafter $name=$drafter --prompts 32 --new-tokens 128 --modes graphs --rounds 5 \
+    --out $O/speed-qad-$name.json && touch $O/speed-$name.done
+  [ -f $O/speed-$name.done ] && timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) && \
+    tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
+  return 0
+}
 ok() { [ $(left) -gt ${1:-60} ]; }
 # the regeneration benchmark only when asked (XL_BENCH="--prompts 16384 --batch 1024,2048,4096"): stage 00 reports its own
 [ -n "${XL_BENCH:-}" ] && [ ! -f $O/bench.json ] && run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json $XL_BENCH
@@ -89,18 +103,11 @@ if done_ 00_data; then
       --target smol --out $O/tau-pretrain-fp.json --prompts 64 --new 128
   fi
   done_ 01_qad || { ok && stage 01_qad; }
+  [ "${XL_SPEED:-}" = pretrain ] && done_ 01_qad && done_ 02_drafter_pretrain && speed_pass pretrain \
+    $R/02_drafter_pretrain/$(python3 -c "import json;print(json.load(open('$R/02_drafter_pretrain/metrics.json'))['drafter'])")
   done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune ${XL_02:-}
-  # batch-1 speed on the QAD target (issue 35 item 9): its dense bf16 twin, CUDA graphs, plain against the two-stage
-  # drafter in 5 alternating rounds (XL_SPEED=1); and that drafter in bf16 for vLLM on the CPU machine (14 MiB parts)
-  if [ -n "${XL_SPEED:-}" ] && done_ 03_drafter_finetune && [ ! -f $O/speed.done ] && ok 240; then
-    TW=$R/01_qad/$(python3 -c "import json;print(json.load(open('$R/01_qad/metrics.json'))['names']['twin'])")
-    TS=$R/03_drafter_finetune/$(python3 -c "import json;print(json.load(open('$R/03_drafter_finetune/metrics.json'))['drafters']['two_stage'])")
-    run speed python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $TW --dtype bfloat16 --data $R/00_data \
-      --drafter two_stage=$TS --prompts 32 --new-tokens 128 --modes graphs --rounds 5 --out $O/speed-qad.json && \
-      touch $O/speed.done
-    [ -f $O/speed.done ] && timeout $(left) python3 benchmarks/drafter_bf16.py $TS /tmp/drafter-bf16/$(basename $TS) && \
-      tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
-  fi
+  [ "${XL_SPEED:-}" = 1 ] && done_ 03_drafter_finetune && speed_pass two_stage \
+    $R/03_drafter_finetune/$(python3 -c "import json;print(json.load(open('$R/03_drafter_finetune/metrics.json'))['drafters']['two_stage'])")
   done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
 fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
