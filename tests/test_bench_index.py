@@ -121,3 +121,30 @@ def test_the_depth_summary_pairs_the_runs_on_their_prompts_and_sums_the_stage_mi
     assert f"two-stage drafter on the QAD target {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to" in text
     total = sum(sum(v) for v in stage_seconds(new / "stage_times.txt").values()) / 60
     assert f"**{total:.1f} minutes for stages 00-04**" in text
+
+
+def test_the_steps_summary_pairs_the_pretrain_drafters_and_refuses_other_prompts(tmp_path):
+    """gpu_xl_steps_summary's difference is the paired bootstrap of the shorter run's decoded pretrain drafter against
+    the longer run's walked one on the same prompts (a flipped sign or another row would fail), its losses are the
+    training logs' at the stated steps, and two runs on different prompts are refused."""
+    import shutil
+
+    import pytest
+
+    from qdflash.decode_stats import paired_bootstrap, results_from_json
+    from qdflash.gpu_results import gpu_xl_steps_summary
+    new, old = BENCH / "smol-gpu-xl/run-1206g-h100", BENCH / "smol-gpu-xl/run-1206d-h100"
+    a = json.loads((new / "tau-pretrain-fp.grid.json").read_text())
+    b = json.loads((old / "decode-fp.json").read_text())
+    p = paired_bootstrap(results_from_json(a["results"]["pretrain"]), results_from_json(b["results"]["pretrain"]))
+    assert p["diff"] < 0
+    text = gpu_xl_steps_summary(new, old)
+    assert f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f}), paired" in text
+    log = [json.loads(x) for x in (new / "train_log-drafter-pretrain-L4-b8.jsonl").read_text().splitlines()]
+    assert len(log) == 780 and f"this run {sum(r['loss'] for r in log[-50:]) / 50:.2f} at its end (step 780" in text
+    moved = tmp_path / "moved"
+    shutil.copytree(new, moved)
+    a["prompts"] = a["prompts"][1:] + a["prompts"][:1]
+    (moved / "tau-pretrain-fp.grid.json").write_text(json.dumps(a))
+    with pytest.raises(ValueError, match="different prompts"):
+        gpu_xl_steps_summary(moved, old)

@@ -395,6 +395,50 @@ def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
+    """Markdown lines for a ``smol-gpu-xl`` run of stages 00 and 02 with fewer epochs (``gpu_xl.sh go`` with
+    ``XL_02="--set epochs=N"``; the pretrain drafter decoded on the FP target by ``drafter_tau_by_source.py``), paired
+    over the same prompts with ``earlier_run``'s pretrain drafter (same data, seed and depth, more epochs; walked in its
+    stage 03 grid), and the two training curves at the same step. Every number read from its JSON."""
+    from .decode_stats import paired_bootstrap, results_from_json
+    d, e = Path(run_dir), Path(earlier_run)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    m0, m2, t = rd(d / "metrics-00_data.json"), rd(d / "metrics-02_drafter_pretrain.json"), rd(d / "tau-pretrain-fp.json")
+    old2 = rd(e / "metrics-02_drafter_pretrain.json")
+    grid, old_grid = rd(d / "tau-pretrain-fp.grid.json"), rd(e / "decode-fp.json")
+    if grid["prompts"] != old_grid["prompts"]:
+        raise ValueError(f"{d} and {e} decoded different prompts: no paired comparison")
+    pb = paired_bootstrap(results_from_json(grid["results"]["pretrain"]),
+                          results_from_json(old_grid["results"]["pretrain"]))
+    log = [json.loads(x) for x in (d / f"train_log-{m2['drafter']}.jsonl").read_text().splitlines()]
+    old_log = [json.loads(x) for x in (e / f"train_log-{old2['drafter'].split('/')[-1]}.jsonl").read_text().splitlines()]
+    tr, otr = m2["train"], old2["train"]
+    n = tr["steps"]
+    lr_at = lambda lg, step: next(r["lr"] for r in lg if r["step"] == step)     # noqa: E731
+    tail = lambda lg, hi: float(np.mean([r["loss"] for r in lg if hi - 50 < r["step"] <= hi]))   # noqa: E731
+    secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
+    pre, g = t["drafters"]["pretrain"], m0["regeneration"]
+    gpu = t["provenance"]["gpu"]
+    return "\n".join([
+        f"- One {gpu}, commit {m0['git_sha'][:7]}: stage 00 in {secs['00_data']:.1f} min (the same "
+        f"{g['output_tokens']:,} tokens at {g['output_tokens_per_s'] / 1e3:.1f}K output tok/s), stage 02 with "
+        f"{tr['epochs']} epochs instead of {otr['epochs']} ({n:,} steps in {tr['train_s']:.0f} s; the same data, seed and "
+        f"{rd(d / 'config-02_drafter_pretrain.json')['num_layers']}-layer drafter as "
+        f"`{e.name}/`)" + ("; stage 01 was cut by the session's device time and stage 03 did not run."
+                            if not (d / "metrics-03_drafter_finetune.json").exists() else "."),
+        f"- The pretrained drafter on the FP target decodes at tau {pre['tau']:.3f} ({pre['tau_ci95'][0]:.3f}-"
+        f"{pre['tau_ci95'][1]:.3f}) on the same {t['prompts']} held-out real prompts x {t['max_new_tokens']} tokens; "
+        f"by source: {_tau_by_source_text(pre)}. Against `{e.name}/`'s {otr['epochs']}-epoch drafter "
+        f"({otr['steps']:,} steps; walked in its stage 03 grid, the decoder's tau): {pb['diff']:+.3f} "
+        f"({pb['diff_ci95'][0]:+.3f} to {pb['diff_ci95'][1]:+.3f}), paired over prompts (one seed each).",
+        f"- Training loss, mean of 50 steps: this run {tail(log, n):.2f} at its end (step {n:,}, the learning rate "
+        f"decayed to 0); the {otr['epochs']}-epoch run {tail(old_log, n):.2f} at the same step (its learning rate still "
+        f"{lr_at(old_log, n):.1e}) and {tail(old_log, otr['steps']):.2f} at its end (step {otr['steps']:,}). The drafter "
+        f"is far from converged at {m0['n_train']:,} conversations: more steps still buy tau at this data size. This "
+        f"pair does not separate the steps from the schedule (the shorter run warms up and decays faster; one seed each).",
+    ]) + "\n"
+
+
 def draft_vocab_summary(folder: str | Path) -> str:
     """Markdown lines for ``benchmarks/cpu-draft-vocab/``: stage 02's training time with the whole vocabulary (A), a
     reduced draft vocabulary (B) and that with 4x the anchors (C), and their walked tau paired over the same prompts."""

@@ -421,6 +421,13 @@ def _gpu_xl_depth(reads: list[Path], root: Path) -> str:
             + gpu_xl_depth_summary(run, earlier))
 
 
+def _gpu_xl_steps(reads: list[Path], root: Path) -> str:
+    from .gpu_results import gpu_xl_steps_summary
+    run, earlier = reads[0].parent, reads[1].parent
+    return (f"\n`smol-gpu-xl` with fewer drafter training steps, the 4-layer drafter (`{rel(run)}/`):\n\n"
+            + gpu_xl_steps_summary(run, earlier))
+
+
 def _gpu_seeds(reads: list[Path], root: Path) -> str:
     from .figures import table_markdown
     from .gpu_results import seeds_summary, seeds_table
@@ -485,6 +492,7 @@ SECTIONS = {
     "gpu_xl_training": _gpu_xl_training,
     "gpu_xl_two_stage": _gpu_xl_two_stage,
     "gpu_xl_depth": _gpu_xl_depth,
+    "gpu_xl_steps": _gpu_xl_steps,
     "draft_vocab": _draft_vocab,
     "gpu_seeds": _gpu_seeds,
     "plain_decode": _table("plain_decode_table", lambda p: (
