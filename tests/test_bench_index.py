@@ -148,3 +148,18 @@ def test_the_steps_summary_pairs_the_pretrain_drafters_and_refuses_other_prompts
     (moved / "tau-pretrain-fp.grid.json").write_text(json.dumps(a))
     with pytest.raises(ValueError, match="different prompts"):
         gpu_xl_steps_summary(moved, old)
+
+
+def test_the_regime_curve_reads_each_runs_grid_and_its_training():
+    """regime_curve_table's rows are each run's decoded tau (a row from another drafter or target would fail), its
+    steps and seconds from stage 02's metrics, and the batch from the config or, where the run kept none, the steps."""
+    from qdflash.decode_stats import acceptance_stats, results_from_json
+    from qdflash.gpu_results import regime_curve_table
+    t = regime_curve_table(BENCH).reset_index()
+    d = BENCH / "smol-gpu-xl/run-1206d-h100"
+    tau = acceptance_stats(results_from_json(json.loads((d / "decode-qad.json").read_text())["results"]["two_stage"]))
+    row = t[(t.run == "run-1206d-h100") & (t.target == "QAD") & (t.drafter == "two_stage")].iloc[0]
+    assert row["tau"] == round(tau["tau"], 3) and row["steps"] == 1170 and row["layers"] == 4 and row["batch"] == 128
+    assert t[t.run == "run-1206b-h100"].iloc[0]["batch"] == 64            # no config kept: 50,000 x 2 // 1,562
+    assert set(t[t.run == "run-1206g-h100"].drafter) == {"pretrain"}       # stage 03 did not run there
+    assert (t["rows seen"] == t.steps * t.batch).all()

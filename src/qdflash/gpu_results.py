@@ -439,6 +439,50 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     ]) + "\n"
 
 
+# the GPU runs whose drafters were decoded on held-out real prompts: (folder under benchmarks/, file prefix)
+REGIME_RUNS = (("smol-gpu-h200/run-1204", ""), ("gpu-seeds/run-1206e-h100", "s0-"), ("smol-gpu-xl/run-1206-h100", ""),
+               ("smol-gpu-xl/run-1206b-h100", ""), ("smol-gpu-xl/run-1206g-h100", ""), ("smol-gpu-xl/run-1206c-h100", ""),
+               ("smol-gpu-xl/run-1206d-h100", ""))
+
+
+def regime_curve_table(bench_dir: str | Path, runs=REGIME_RUNS) -> pd.DataFrame:
+    """Tau against training data and drafter steps over every GPU run that decoded its drafters (issue 34's curve):
+    per run, stage 00's conversations, the drafter's depth, batch, epochs, steps and stage-02 seconds, and the decoded
+    tau with its 95% interval over prompts of the pretrained drafter on the FP target and of the pretrained and
+    two-stage drafters on the QAD target (where the run has them). One training seed per run; the rows are on the
+    held-out prompts of each run's own data (the 50K runs share theirs)."""
+    from .decode_stats import acceptance_stats, results_from_json
+    b = Path(bench_dir)
+    rows = []
+    for folder, pre in runs:
+        d = b / folder
+        rd = lambda kind, stage: json.loads((d / f"{kind}-{pre}{stage}.json").read_text())      # noqa: E731
+        m0, m2 = rd("metrics", "00_data"), rd("metrics", "02_drafter_pretrain")
+        tr = m2["train"]
+        cfg = d / f"config-{pre}02_drafter_pretrain.json"
+        batch = json.loads(cfg.read_text()).get("batch_size") if cfg.exists() else None
+        if not isinstance(batch, int):          # an older run's config.json was stage 03's: the batch from the steps
+            batch = m0["n_train"] * tr["epochs"] // tr["steps"]
+        layers = int(re.search(r"-L(\d+)-", m2["drafter"]).group(1))
+        grids = {}
+        for target, names in (("fp", ("decode-fp.json", "tau-pretrain-fp.grid.json", f"{pre}03_drafter_finetune-decode-fp.json")),
+                              ("qad", ("decode-qad.json", f"{pre}03_drafter_finetune-decode-qad.json"))):
+            f = next((d / n for n in names if (d / n).exists()), None)
+            if f is not None:
+                grids[target] = json.loads(f.read_text())
+        for target, drafter in (("fp", "pretrain"), ("qad", "pretrain"), ("qad", "two_stage")):
+            g = grids.get(target)
+            if g is None or drafter not in g["results"]:
+                continue
+            st = acceptance_stats(results_from_json(g["results"][drafter]))
+            rows.append({"run": folder.split("/")[-1], "conversations": m0["n_train"], "layers": layers,
+                         "batch": batch, "epochs": tr["epochs"], "steps": tr["steps"], "rows seen": tr["steps"] * batch,
+                         "stage 02 s": round(tr["train_s"]), "target": target.upper(), "drafter": drafter,
+                         "tau": round(st["tau"], 3), "95% CI": f"{st['tau_ci95'][0]:.3f}–{st['tau_ci95'][1]:.3f}",
+                         "prompts x tokens": f"{len(g['prompts'])} x {g['max_new_tokens']}"})
+    return pd.DataFrame(rows).set_index("run")
+
+
 def draft_vocab_summary(folder: str | Path) -> str:
     """Markdown lines for ``benchmarks/cpu-draft-vocab/``: stage 02's training time with the whole vocabulary (A), a
     reduced draft vocabulary (B) and that with 4x the anchors (C), and their walked tau paired over the same prompts."""

@@ -428,6 +428,16 @@ def _gpu_xl_steps(reads: list[Path], root: Path) -> str:
             + gpu_xl_steps_summary(run, earlier))
 
 
+def _regime_curve(reads: list[Path], root: Path) -> str:
+    """Every GPU run's decoded drafters against data and training steps (reads: each run's stage-02 metrics)."""
+    from .figures import table_markdown
+    from .gpu_results import regime_curve_table
+    bench = reads[0].parents[2]
+    return "\n" + table_markdown(regime_curve_table(bench), "Tau against data and drafter training, every GPU run "
+                                  "that decoded its drafters (greedy, fp32 CUDA-graph decoder; 95% CI over prompts; "
+                                  "one training seed per run; `gpu_results.regime_curve_table`)", LEVEL)
+
+
 def _gpu_seeds(reads: list[Path], root: Path) -> str:
     from .figures import table_markdown
     from .gpu_results import seeds_summary, seeds_table
@@ -493,6 +503,7 @@ SECTIONS = {
     "gpu_xl_two_stage": _gpu_xl_two_stage,
     "gpu_xl_depth": _gpu_xl_depth,
     "gpu_xl_steps": _gpu_xl_steps,
+    "regime_curve": _regime_curve,
     "draft_vocab": _draft_vocab,
     "gpu_seeds": _gpu_seeds,
     "plain_decode": _table("plain_decode_table", lambda p: (
