@@ -7,7 +7,8 @@
 #   call 2.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
-#             [XL_V02="lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked with the preset's drafter)]
+#             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
+#             the preset and XL_02 unchanged)]
 #             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03, the two-stage drafter; =pretrain: after stage 01,
 #             the pretrained drafter, no stage 03 needed; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
@@ -75,13 +76,17 @@ done_() { [ -f $R/$1/metrics.json ]; }
 # 5 alternating rounds; then that drafter in bf16 for vLLM on the CPU machine (14 MiB parts). speed_pass NAME DRAFTER
 speed_pass() {
   local name=$1 drafter=$2
-  [ -f $O/speed-$name.done ] || ! ok 240 && return 0
+  [ -f $O/speed-$name.done ] && [ -f $O/bf16-$name.done ] && return 0
+  [ -f $O/speed-$name.done ] || ok 240 || return 0
+  [ -f $O/speed-$name.done ] || {
   local tw=$R/01_qad/$(python3 -c "import json;print(json.load(open('$R/01_qad/metrics.json'))['names']['twin'])")
   run speed-$name python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $tw --dtype bfloat16 \
     --data $R/00_data --drafter $name=$drafter --prompts 32 --new-tokens 128 --modes graphs --rounds 5 \
-    --out $O/speed-qad-$name.json && touch $O/speed-$name.done
-  [ -f $O/speed-$name.done ] && timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) && \
-    tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
+    --out $O/speed-qad-$name.json && touch $O/speed-$name.done; }
+  # the drafter in bf16, its own marker: an export cut by the deadline is redone by the next call
+  [ -f $O/speed-$name.done ] && [ ! -f $O/bf16-$name.done ] && timeout $(left) python3 benchmarks/drafter_bf16.py $drafter \
+    /tmp/drafter-bf16/$(basename $drafter) && tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part" \
+    && touch $O/bf16-$name.done
   return 0
 }
 ok() { [ $(left) -gt ${1:-60} ]; }
@@ -98,23 +103,26 @@ if done_ 00_data; then
       --sources $src --walk 64 --new 128 --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
   fi
   # stage-02 levers on the same data (issue 34 item 4: steps, learning rate), before the preset's own stage 02:
-  # XL_V02="NAME:k=v,k=v NAME2:k=v ..." trains stage 02 once per variant in its own run directory (00_data linked in,
-  # resumable), then walks the variants' pretrain drafters on the same 64 held-out real prompts x 128 tokens (the
-  # decoder's tau, paired; stage 00 regenerates the same tokens in every run, so a run-1206d-h100 grid pairs too)
+  # XL_V02="NAME:k=v,k=v NAME2:k=v BASE ..." trains stage 02 once per variant in its own run directory (00_data linked
+  # in, resumable; XL_02's settings first, then the variant's; a bare NAME: none of its own), then walks the variants'
+  # pretrain drafters on the same 64 held-out real prompts x 128 tokens (the decoder's tau, paired; stage 00 regenerates
+  # the same tokens in every run, so a run-1206d-h100 grid pairs too); the walk reruns when the variant list changes
   if [ -n "${XL_V02:-}" ]; then
     W=""; all=1
     for v in $XL_V02; do
-      n=${v%%:*}; RV=/tmp/runs-xl-$n; mkdir -p $RV; [ -e $RV/00_data ] || ln -s $R/00_data $RV/00_data
+      n=${v%%:*}; sets=""; case $v in *:*) sets=$(echo "${v#*:}" | tr ',' '\n' | sed 's/^/--set /');; esac
+      RV=/tmp/runs-xl-$n; mkdir -p $RV; [ -e $RV/00_data ] || ln -s $R/00_data $RV/00_data
       [ -f $RV/02_drafter_pretrain/metrics.json ] || { ok 120 && run v02-$n python3 -m qdflash.cli run 02_drafter_pretrain \
-        --preset $PRESET --runs $RV --no-progress $(echo "${v#*:}" | tr ',' '\n' | sed 's/^/--set /'); }
+        --preset $PRESET --runs $RV --no-progress ${XL_02:-} $sets; }
       cp $RV/02_drafter_pretrain/metrics.json $O/metrics-v02-$n.json 2>/dev/null
       cp $RV/02_drafter_pretrain/config.json $O/config-v02-$n.json 2>/dev/null
       cp $RV/02_drafter_pretrain/train_log*.jsonl $O/train_log-v02-$n.jsonl 2>/dev/null
       [ -f $RV/02_drafter_pretrain/metrics.json ] || all=0
       [ -f $RV/02_drafter_pretrain/metrics.json ] && W="$W --drafter $n=$RV/02_drafter_pretrain/$(python3 -c "import json;print(json.load(open('$RV/02_drafter_pretrain/metrics.json'))['drafter'])")"
     done
-    [ $all = 1 ] && [ ! -f $O/tau-v02.json ] && { ok 90 && run tau-v02 python3 benchmarks/drafter_tau_by_source.py --data $R/00_data $W \
-      --target ${XL_TARGET:-smol} --out $O/tau-v02.json --prompts ${XL_V02_PROMPTS:-64} --new ${XL_V02_NEW:-128} --walk; }
+    [ $all = 1 ] && [ "$(cat $O/tau-v02.list 2>/dev/null)" != "$XL_V02" ] && ok 90 && run tau-v02 python3 \
+      benchmarks/drafter_tau_by_source.py --data $R/00_data $W --target ${XL_TARGET:-smol} --out $O/tau-v02.json \
+      --prompts ${XL_V02_PROMPTS:-64} --new ${XL_V02_NEW:-128} --walk && echo "$XL_V02" > $O/tau-v02.list
   fi
   done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain ${XL_02:-}; }   # XL_02="--set epochs=1"
   if [ -n "${XL_TAU-1}" ] && done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then

@@ -146,20 +146,29 @@ def test_the_steps_summary_pairs_the_pretrain_drafters_and_refuses_other_prompts
     shutil.copytree(new, moved)
     a["prompts"] = a["prompts"][1:] + a["prompts"][:1]
     (moved / "tau-pretrain-fp.grid.json").write_text(json.dumps(a))
-    with pytest.raises(ValueError, match="different prompts"):
+    with pytest.raises(ValueError, match=r"differ in \['prompts'"):
         gpu_xl_steps_summary(moved, old)
 
 
 def test_the_regime_curve_reads_each_runs_grid_and_its_training():
-    """regime_curve_table's rows are each run's decoded tau (a row from another drafter or target would fail), its
-    steps and seconds from stage 02's metrics, and the batch from the config or, where the run kept none, the steps."""
+    """regime_curve_table's rows are each run's own tau (a row from another drafter, target or file would fail), with
+    how it was measured, its steps from stage 02's metrics, and the batch from the config or, where the run kept only
+    stage 03's, the batch that gives its steps."""
     from qdflash.decode_stats import acceptance_stats, results_from_json
-    from qdflash.gpu_results import regime_curve_table
-    t = regime_curve_table(BENCH).reset_index()
-    d = BENCH / "smol-gpu-xl/run-1206d-h100"
-    tau = acceptance_stats(results_from_json(json.loads((d / "decode-qad.json").read_text())["results"]["two_stage"]))
-    row = t[(t.run == "run-1206d-h100") & (t.target == "QAD") & (t.drafter == "two_stage")].iloc[0]
-    assert row["tau"] == round(tau["tau"], 3) and row["steps"] == 1170 and row["layers"] == 4 and row["batch"] == 128
-    assert t[t.run == "run-1206b-h100"].iloc[0]["batch"] == 64            # no config kept: 50,000 x 2 // 1,562
+    from qdflash.gpu_results import _batch_of, regime_curve_table
+    man = json.loads((BENCH / "manifest.json").read_text())
+    reads, = [s["reads"] for s in man["readme_block"]["sections"] if s["show"] == "regime_curve"]
+    t = regime_curve_table([BENCH / r for r in reads]).reset_index()
+    tau = lambda f, row: round(acceptance_stats(results_from_json(json.loads(f.read_text())["results"][row]))["tau"], 3)  # noqa: E731
+    pick = lambda run, target, drafter: t[(t.run == run) & (t.target == target) & (t.drafter == drafter)].iloc[0]  # noqa: E731
+    d, g = BENCH / "smol-gpu-xl/run-1206d-h100", BENCH / "smol-gpu-xl/run-1206g-h100"
+    row = pick("run-1206d-h100", "QAD", "two_stage")
+    assert row["tau"] == tau(d / "decode-qad.json", "two_stage") and row["measured by"] == "decoder"
+    assert (row["steps"], row["layers"], row["batch"]) == (1170, 4, 128)
+    assert pick("run-1206d-h100", "FP", "pretrain")["measured by"] == "walk"
+    row = pick("run-1206g-h100", "FP", "pretrain")
+    assert row["tau"] == tau(g / "tau-pretrain-fp.grid.json", "pretrain") and row["steps"] == 780
     assert set(t[t.run == "run-1206g-h100"].drafter) == {"pretrain"}       # stage 03 did not run there
-    assert (t["rows seen"] == t.steps * t.batch).all()
+    assert pick("run-1206b-h100", "FP", "pretrain")["batch"] == 64          # it kept no stage-02 config
+    assert _batch_of(5616, 3, 129) == 128 and _batch_of(50000, 2, 1562) == 64 and _batch_of(10, 3, 7) is None
+    assert len(t.run.unique()) == len(reads)

@@ -406,8 +406,18 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     m0, m2, t = rd(d / "metrics-00_data.json"), rd(d / "metrics-02_drafter_pretrain.json"), rd(d / "tau-pretrain-fp.json")
     old2 = rd(e / "metrics-02_drafter_pretrain.json")
     grid, old_grid = rd(d / "tau-pretrain-fp.grid.json"), rd(e / "decode-fp.json")
-    if grid["prompts"] != old_grid["prompts"]:
-        raise ValueError(f"{d} and {e} decoded different prompts: no paired comparison")
+    same = {k: (grid[k], old_grid[k]) for k in ("prompts", "max_new_tokens", "dtype", "target")}
+    same["plain tokens"] = ([r["tokens"] for r in grid["results"]["plain"]], [r["tokens"] for r in old_grid["results"]["plain"]])
+    differ = [k for k, (x, y) in same.items() if x != y]
+    if differ:
+        raise ValueError(f"{d} and {e} differ in {differ}: no paired comparison")
+    cfg, old_cfg = rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json")
+    old0 = rd(e / "metrics-00_data.json")
+    # settings both configs record (a setting added to the code since the older run is absent from its config)
+    changed = sorted(k for k in set(cfg) & set(old_cfg) if cfg[k] != old_cfg[k])
+    if m0["generated_tokens"] != old0["generated_tokens"] or changed != ["epochs"]:
+        raise ValueError(f"{d} and {e} are not the same data and recipe up to the epochs (stage 00 tokens "
+                         f"{m0['generated_tokens']} vs {old0['generated_tokens']}; stage 02 settings that differ: {changed})")
     pb = paired_bootstrap(results_from_json(grid["results"]["pretrain"]),
                           results_from_json(old_grid["results"]["pretrain"]))
     log = [json.loads(x) for x in (d / f"train_log-{m2['drafter']}.jsonl").read_text().splitlines()]
@@ -423,9 +433,9 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"- One {gpu}, commit {m0['git_sha'][:7]}: stage 00 in {secs['00_data']:.1f} min (the same "
         f"{g['output_tokens']:,} tokens at {g['output_tokens_per_s'] / 1e3:.1f}K output tok/s), stage 02 with "
         f"{tr['epochs']} epochs instead of {otr['epochs']} ({n:,} steps in {tr['train_s']:.0f} s; the same data, seed and "
-        f"{rd(d / 'config-02_drafter_pretrain.json')['num_layers']}-layer drafter as "
-        f"`{e.name}/`)" + ("; stage 01 was cut by the session's device time and stage 03 did not run."
-                            if not (d / "metrics-03_drafter_finetune.json").exists() else "."),
+        f"{cfg['num_layers']}-layer drafter as `{e.name}/`, every other stage-02 setting both record equal)"
+        + ("; stage 01 was cut by the session's device time and stage 03 did not run."
+           if not (d / "metrics-01_qad.json").exists() else "."),
         f"- The pretrained drafter on the FP target decodes at tau {pre['tau']:.3f} ({pre['tau_ci95'][0]:.3f}-"
         f"{pre['tau_ci95'][1]:.3f}) on the same {t['prompts']} held-out real prompts x {t['max_new_tokens']} tokens; "
         f"by source: {_tau_by_source_text(pre)}. Against `{e.name}/`'s {otr['epochs']}-epoch drafter "
@@ -439,46 +449,53 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     ]) + "\n"
 
 
-# the GPU runs whose drafters were decoded on held-out real prompts: (folder under benchmarks/, file prefix)
-REGIME_RUNS = (("smol-gpu-h200/run-1204", ""), ("gpu-seeds/run-1206e-h100", "s0-"), ("smol-gpu-xl/run-1206-h100", ""),
-               ("smol-gpu-xl/run-1206b-h100", ""), ("smol-gpu-xl/run-1206g-h100", ""), ("smol-gpu-xl/run-1206c-h100", ""),
-               ("smol-gpu-xl/run-1206d-h100", ""))
+def _batch_of(n_train: int, epochs: int, steps: int) -> int | None:
+    """The batch size that gives ``steps`` over ``epochs`` of ``n_train`` rows (steps per epoch = n_train // batch),
+    for a run that kept no stage-02 config (the power of two nearest among the batches that fit); None when none fits."""
+    fits = [b for b in range(1, n_train + 1) if (n_train // b) * epochs == steps]
+    return min(fits, key=lambda b: abs(b - 2 ** round(np.log2(b)))) if fits else None
 
 
-def regime_curve_table(bench_dir: str | Path, runs=REGIME_RUNS) -> pd.DataFrame:
-    """Tau against training data and drafter steps over every GPU run that decoded its drafters (issue 34's curve):
-    per run, stage 00's conversations, the drafter's depth, batch, epochs, steps and stage-02 seconds, and the decoded
-    tau with its 95% interval over prompts of the pretrained drafter on the FP target and of the pretrained and
-    two-stage drafters on the QAD target (where the run has them). One training seed per run; the rows are on the
-    held-out prompts of each run's own data (the 50K runs share theirs)."""
+def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
+    """Tau against training data and drafter steps over GPU runs that measured their drafters on held-out real prompts
+    (issue 34's curve). ``metrics_02``: each run's saved stage-02 metrics, ``metrics-[PREFIX]02_drafter_pretrain.json``
+    (the prefix, e.g. ``s0-``, names that run's other files). Per run: stage 00's conversations, the drafter's depth,
+    batch, epochs, steps, rows seen and stage-02 seconds; then the tau with its 95% interval over prompts of the
+    pretrained drafter on the FP target and of the pretrained and two-stage drafters on the QAD target where the run has
+    them, and whether the decoder or the walk measured it (the walk gives the decoder's tau). One seed per run; each
+    run's own held-out prompts (the 50K runs share theirs)."""
     from .decode_stats import acceptance_stats, results_from_json
-    b = Path(bench_dir)
     rows = []
-    for folder, pre in runs:
-        d = b / folder
+    for f in map(Path, metrics_02):
+        d, pre = f.parent, re.fullmatch(r"metrics-(.*)02_drafter_pretrain\.json", f.name).group(1)
         rd = lambda kind, stage: json.loads((d / f"{kind}-{pre}{stage}.json").read_text())      # noqa: E731
-        m0, m2 = rd("metrics", "00_data"), rd("metrics", "02_drafter_pretrain")
+        m0, m2 = rd("metrics", "00_data"), json.loads(f.read_text())
         tr = m2["train"]
         cfg = d / f"config-{pre}02_drafter_pretrain.json"
-        batch = json.loads(cfg.read_text()).get("batch_size") if cfg.exists() else None
-        if not isinstance(batch, int):          # an older run's config.json was stage 03's: the batch from the steps
-            batch = m0["n_train"] * tr["epochs"] // tr["steps"]
+        c = json.loads(cfg.read_text()) if cfg.exists() else {}
+        # older runs kept stage 03's config.json under this name (its epochs are not stage 02's): then the batch from
+        # the steps
+        batch = c["batch_size"] if c.get("stage", "02_drafter_pretrain") == "02_drafter_pretrain" and \
+            c.get("epochs") == tr["epochs"] and "batch_size" in c else _batch_of(m0["n_train"], tr["epochs"], tr["steps"])
         layers = int(re.search(r"-L(\d+)-", m2["drafter"]).group(1))
         grids = {}
         for target, names in (("fp", ("decode-fp.json", "tau-pretrain-fp.grid.json", f"{pre}03_drafter_finetune-decode-fp.json")),
                               ("qad", ("decode-qad.json", f"{pre}03_drafter_finetune-decode-qad.json"))):
-            f = next((d / n for n in names if (d / n).exists()), None)
-            if f is not None:
-                grids[target] = json.loads(f.read_text())
+            g = next((d / n for n in names if (d / n).exists()), None)
+            if g is not None:
+                grids[target] = json.loads(g.read_text())
         for target, drafter in (("fp", "pretrain"), ("qad", "pretrain"), ("qad", "two_stage")):
             g = grids.get(target)
             if g is None or drafter not in g["results"]:
                 continue
-            st = acceptance_stats(results_from_json(g["results"][drafter]))
-            rows.append({"run": folder.split("/")[-1], "conversations": m0["n_train"], "layers": layers,
-                         "batch": batch, "epochs": tr["epochs"], "steps": tr["steps"], "rows seen": tr["steps"] * batch,
+            res = g["results"][drafter]
+            st = acceptance_stats(results_from_json(res))
+            rows.append({"run": d.name, "conversations": m0["n_train"], "layers": layers,
+                         "batch": batch, "epochs": tr["epochs"], "steps": tr["steps"],
+                         "rows seen": tr["steps"] * batch if batch else None,
                          "stage 02 s": round(tr["train_s"]), "target": target.upper(), "drafter": drafter,
                          "tau": round(st["tau"], 3), "95% CI": f"{st['tau_ci95'][0]:.3f}–{st['tau_ci95'][1]:.3f}",
+                         "measured by": "walk" if all(r.get("walk") for r in res) else "decoder",
                          "prompts x tokens": f"{len(g['prompts'])} x {g['max_new_tokens']}"})
     return pd.DataFrame(rows).set_index("run")
 

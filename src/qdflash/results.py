@@ -429,13 +429,13 @@ def _gpu_xl_steps(reads: list[Path], root: Path) -> str:
 
 
 def _regime_curve(reads: list[Path], root: Path) -> str:
-    """Every GPU run's decoded drafters against data and training steps (reads: each run's stage-02 metrics)."""
+    """GPU runs' drafters against data and training steps (reads: each run's saved stage-02 metrics)."""
     from .figures import table_markdown
     from .gpu_results import regime_curve_table
-    bench = reads[0].parents[2]
-    return "\n" + table_markdown(regime_curve_table(bench), "Tau against data and drafter training, every GPU run "
-                                  "that decoded its drafters (greedy, fp32 CUDA-graph decoder; 95% CI over prompts; "
-                                  "one training seed per run; `gpu_results.regime_curve_table`)", LEVEL)
+    return "\n" + table_markdown(regime_curve_table(reads), "Tau against data and drafter training, every GPU run "
+                                  "that measured its drafters on held-out real prompts (greedy, fp32, CUDA-graph "
+                                  "decoder or the walk along its outputs; 95% CI over prompts; one training seed per "
+                                  "run; `gpu_results.regime_curve_table`)", LEVEL)
 
 
 def _gpu_seeds(reads: list[Path], root: Path) -> str:
