@@ -172,3 +172,16 @@ def test_the_regime_curve_reads_each_runs_grid_and_its_training():
     assert pick("run-1206b-h100", "FP", "pretrain")["batch"] == 64          # it kept no stage-02 config
     assert _batch_of(5616, 3, 129) == 128 and _batch_of(50000, 2, 1562) == 64 and _batch_of(10, 3, 7) is None
     assert len(t.run.unique()) == len(reads)
+
+
+def test_the_cpu_steps_summary_pairs_each_variant_with_the_preset():
+    """cpu_drafter_steps_summary's differences are the paired bootstrap of each variant against the preset's drafter
+    on the same walked prompts (another pairing or a flipped sign would fail), with each variant's own settings."""
+    from qdflash.decode_stats import paired_bootstrap, results_from_json
+    from qdflash.gpu_results import cpu_drafter_steps_summary
+    d = BENCH / "cpu-drafter-steps"
+    res = {k: results_from_json(v) for k, v in json.loads((d / "tau-walk.grid.json").read_text())["results"].items()}
+    b = paired_bootstrap(res["B"], res["A"])
+    text = cpu_drafter_steps_summary(d)
+    assert f"8 epochs 1.197, {b['diff']:+.3f} ({b['diff_ci95'][0]:+.3f} to {b['diff_ci95'][1]:+.3f}) paired" in text
+    assert b["diff_ci95"][0] > 0 and json.loads((d / "config-02-B.json").read_text())["epochs"] == 8

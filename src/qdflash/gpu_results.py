@@ -500,6 +500,32 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+def cpu_drafter_steps_summary(folder: str | Path) -> str:
+    """Markdown lines for ``benchmarks/cpu-drafter-steps/``: stage 02 of ``smol`` as the preset trains it (A), with twice
+    the epochs (B) and with twice the learning rate (C) on the same data, their training time and end loss, and their
+    walked tau paired over the same prompts (issue 34 item 5: does the CPU drafter buy tau with more steps?)."""
+    from .decode_stats import paired_bootstrap, results_from_json
+    d = Path(folder)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    m = {v: rd(d / f"metrics-02-{v}.json")["train"] for v in "ABC"}
+    c = {v: rd(d / f"config-02-{v}.json") for v in "ABC"}
+    tw = rd(d / "tau-walk.json")
+    res = {k: results_from_json(v) for k, v in rd(d / "tau-walk.grid.json")["results"].items()}
+    t = {v: tw["drafters"][v] for v in "ABC"}
+    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
+    cpu = rd(d / "run-02-A.json")["cpu"]["model"]
+    row = lambda v: (f"{m[v]['steps']} steps in {m[v]['train_s']:.0f} s, training loss {m[v]['final_loss']:.2f} "   # noqa: E731
+                     f"(accuracy {m[v]['final_acc']:.3f}) at the end")
+    return (
+        f"- Stage 02 of `smol` on one {cpu} (2 cores, one run each, one seed, the same {c['A']['batch_size']} rows x "
+        f"{c['A']['num_anchors']} anchors per step): the preset ({c['A']['epochs']} epochs, lr {c['A']['lr']:g}) "
+        f"{row('A')}; {c['B']['epochs']} epochs {row('B')}; lr {c['C']['lr']:g} {row('C')}.\n"
+        f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: the preset "
+        f"{t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); {c['B']['epochs']} epochs "
+        f"{t['B']['tau']:.3f}, {dci(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
+        f"{t['C']['tau']:.3f}, {dci(paired_bootstrap(res['C'], res['A']))} paired.\n")
+
+
 def draft_vocab_summary(folder: str | Path) -> str:
     """Markdown lines for ``benchmarks/cpu-draft-vocab/``: stage 02's training time with the whole vocabulary (A), a
     reduced draft vocabulary (B) and that with 4x the anchors (C), and their walked tau paired over the same prompts."""

@@ -462,6 +462,13 @@ def _gpu_seeds(reads: list[Path], root: Path) -> str:
     return out
 
 
+def _cpu_drafter_steps(reads: list[Path], root: Path) -> str:
+    from .gpu_results import cpu_drafter_steps_summary
+    folder = reads[0].parent
+    return (f"\nThe `smol` drafter with more optimizer steps or a higher learning rate on this 2-core CPU "
+            f"(`{rel(folder)}/`):\n\n" + cpu_drafter_steps_summary(folder))
+
+
 def _draft_vocab(reads: list[Path], root: Path) -> str:
     from .gpu_results import draft_vocab_summary
     folder = reads[0].parent
@@ -505,6 +512,7 @@ SECTIONS = {
     "gpu_xl_steps": _gpu_xl_steps,
     "regime_curve": _regime_curve,
     "draft_vocab": _draft_vocab,
+    "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
     "plain_decode": _table("plain_decode_table", lambda p: (
         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
