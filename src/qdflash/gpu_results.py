@@ -270,6 +270,11 @@ def stage_seconds(path: Path) -> dict[str, list[float]]:
     return out
 
 
+def _paired_text(p: dict) -> str:
+    """"+0.063 (+0.040 to +0.085)": a paired difference (``decode_stats.paired_bootstrap``) with its interval."""
+    return f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"
+
+
 def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     """Markdown lines for a ``smol-gpu-xl`` run through stage 03 (``gpu_xl.sh setup`` with step variants, then
     ``go``): the step variants on the run's machine, minutes per stage, stage 02's drafter paired with
@@ -288,7 +293,6 @@ def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> st
     secs = stage_seconds(d / "stage_times.txt")
     g = m0["regeneration"]
     ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
-    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
     tau = {k: acceptance_stats(v) for k, v in res.items() if k[1] != "plain"}
     lines = [
         f"- One {gpu}, commit {m0['git_sha'][:7]}; minutes per stage (each call at most 10): 00 "
@@ -317,7 +321,7 @@ def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> st
         f"- Stage 02 at batch {cfg['batch_size']}, lr {cfg['lr']:g}, {tr['epochs']} epochs ({tr['steps']:,} steps, "
         f"{tr['train_s']:.0f} s, {1e3 * tr['train_s'] / tr['steps']:.0f} ms/step; one seed): the pretrained drafter "
         f"on the FP target decodes at tau {tau[('fp', 'pretrain')]['tau']:.3f} ({ci(tau[('fp', 'pretrain')]['tau_ci95'])}), "
-        f"{dci(pb)} paired against `{e.name}/`'s (batch 64, 2 epochs) on the same {len(res[('fp', 'pretrain')])} "
+        f"{_paired_text(pb)} paired against `{e.name}/`'s (batch 64, 2 epochs) on the same {len(res[('fp', 'pretrain')])} "
         f"held-out real prompts x {grid['fp']['max_new_tokens']} tokens.")
     two, pre = tau[("qad", "two_stage")], tau[("qad", "pretrain")]
     sp = speedup_ci95(res[("qad", "plain")], res[("qad", "two_stage")])
@@ -325,10 +329,10 @@ def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> st
         f"- Stage 03 (finetune 1 epoch on the QAD target's own answers; CUDA-graph decoder, fp32): on the QAD target "
         f"the two-stage drafter decodes at **tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, the pretrained one at "
         f"{pre['tau']:.3f} ({ci(pre['tau_ci95'])}): two-stage gain "
-        f"{dci(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}, paired over prompts. On the FP "
+        f"{_paired_text(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}, paired over prompts. On the FP "
         f"target: two-stage {tau[('fp', 'two_stage')]['tau']:.3f}, direct (trained on the QAD target for "
         f"{cfg['epochs'] + cfg['finetune_epochs']} epochs) {tau[('fp', 'direct')]['tau']:.3f}, two-stage - direct "
-        f"{dci(paired_bootstrap(res[('fp', 'two_stage')], res[('fp', 'direct')]))}. Acceptance by draft position on "
+        f"{_paired_text(paired_bootstrap(res[('fp', 'two_stage')], res[('fp', 'direct')]))}. Acceptance by draft position on "
         f"the QAD target: " + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + "; wall-clock speed-up of "
         f"speculation over plain decoding {sp[0]:.2f}-{sp[1]:.2f}x (95% CI): at this tau it does not pay on a 135M target.")
     return "\n".join(lines) + "\n"
@@ -350,7 +354,6 @@ def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     steps = {k: rd(d / f"step-{k}.json") for k in ("cfeat128", "cfeat128L4", "cfeat128v8k")}
     secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
     ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
-    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
     tau = {k: acceptance_stats(v) for k, v in res.items() if k[1] != "plain"}
     L, L0 = cfg["num_layers"], old_cfg["num_layers"]
     ms = lambda k: 1e3 * steps[k]["loop_s_per_step"]       # noqa: E731
@@ -379,11 +382,11 @@ def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"- Depth {L0} -> {L}, paired over the same 64 held-out real prompts x 128 tokens (same data, same recipe; "
         f"`{e.name}/`; one seed each): the pretrained drafter on the FP target tau "
         f"{tau[('fp', 'pretrain')]['tau']:.3f} ({ci(tau[('fp', 'pretrain')]['tau_ci95'])}), "
-        f"{dci(paired_bootstrap(res[('fp', 'pretrain')], old[('fp', 'pretrain')]))}; the two-stage drafter on the QAD "
-        f"target {dci(paired_bootstrap(res[('qad', 'two_stage')], old[('qad', 'two_stage')]))}.",
+        f"{_paired_text(paired_bootstrap(res[('fp', 'pretrain')], old[('fp', 'pretrain')]))}; the two-stage drafter on the QAD "
+        f"target {_paired_text(paired_bootstrap(res[('qad', 'two_stage')], old[('qad', 'two_stage')]))}.",
         f"- On the QAD target the two-stage drafter decodes at **tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, "
         f"the pretrained one {pre['tau']:.3f} ({ci(pre['tau_ci95'])}): two-stage gain "
-        f"{dci(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}; acceptance by draft position "
+        f"{_paired_text(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}; acceptance by draft position "
         + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + f"; speculation over plain decoding at batch 1 "
         f"(CUDA graphs, fp32) {sp[0]:.2f}-{sp[1]:.2f}x.",
         f"- Stage 04 at this tau (paired over the same prompts): W4A16 GPTQ drafter - fp32 drafter "
@@ -439,8 +442,8 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"- The pretrained drafter on the FP target decodes at tau {pre['tau']:.3f} ({pre['tau_ci95'][0]:.3f}-"
         f"{pre['tau_ci95'][1]:.3f}) on the same {t['prompts']} held-out real prompts x {t['max_new_tokens']} tokens; "
         f"by source: {_tau_by_source_text(pre)}. Against `{e.name}/`'s {otr['epochs']}-epoch drafter "
-        f"({otr['steps']:,} steps; walked in its stage 03 grid, the decoder's tau): {pb['diff']:+.3f} "
-        f"({pb['diff_ci95'][0]:+.3f} to {pb['diff_ci95'][1]:+.3f}), paired over prompts (one seed each).",
+        f"({otr['steps']:,} steps; walked in its stage 03 grid, the decoder's tau): {_paired_text(pb)}, paired over "
+        f"prompts (one seed each).",
         f"- Training loss, mean of 50 steps: this run {tail(log, n):.2f} at its end (step {n:,}, the learning rate "
         f"decayed to 0); the {otr['epochs']}-epoch run {tail(old_log, n):.2f} at the same step (its learning rate still "
         f"{lr_at(old_log, n):.1e}) and {tail(old_log, otr['steps']):.2f} at its end (step {otr['steps']:,}). The drafter "
@@ -500,20 +503,26 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+def _walked_variants(folder: str | Path) -> tuple[dict, dict, dict, dict, str]:
+    """A folder of stage-02 variants A, B, C walked together (``benchmarks/cpu-draft-vocab/``, ``cpu-drafter-steps/``):
+    their metrics and configs, ``tau-walk.json``, the per-prompt results of ``tau-walk.grid.json`` and the CPU model
+    of A's run."""
+    from .decode_stats import results_from_json
+    d = Path(folder)
+    rd = lambda name: json.loads((d / name).read_text())        # noqa: E731
+    return ({v: rd(f"metrics-02-{v}.json") for v in "ABC"}, {v: rd(f"config-02-{v}.json") for v in "ABC"},
+            rd("tau-walk.json"), {k: results_from_json(v) for k, v in rd("tau-walk.grid.json")["results"].items()},
+            rd("run-02-A.json")["cpu"]["model"])
+
+
 def cpu_drafter_steps_summary(folder: str | Path) -> str:
     """Markdown lines for ``benchmarks/cpu-drafter-steps/``: stage 02 of ``smol`` as the preset trains it (A), with twice
     the epochs (B) and with twice the learning rate (C) on the same data, their training time and end loss, and their
     walked tau paired over the same prompts (issue 34 item 5: does the CPU drafter buy tau with more steps?)."""
-    from .decode_stats import paired_bootstrap, results_from_json
-    d = Path(folder)
-    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
-    m = {v: rd(d / f"metrics-02-{v}.json")["train"] for v in "ABC"}
-    c = {v: rd(d / f"config-02-{v}.json") for v in "ABC"}
-    tw = rd(d / "tau-walk.json")
-    res = {k: results_from_json(v) for k, v in rd(d / "tau-walk.grid.json")["results"].items()}
+    from .decode_stats import paired_bootstrap
+    m, c, tw, res, cpu = _walked_variants(folder)
+    m = {v: x["train"] for v, x in m.items()}
     t = {v: tw["drafters"][v] for v in "ABC"}
-    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
-    cpu = rd(d / "run-02-A.json")["cpu"]["model"]
     row = lambda v: (f"{m[v]['steps']} steps in {m[v]['train_s']:.0f} s, training loss {m[v]['final_loss']:.2f} "   # noqa: E731
                      f"(accuracy {m[v]['final_acc']:.3f}) at the end")
     return (
@@ -522,24 +531,17 @@ def cpu_drafter_steps_summary(folder: str | Path) -> str:
         f"{row('A')}; {c['B']['epochs']} epochs {row('B')}; lr {c['C']['lr']:g} {row('C')}.\n"
         f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: the preset "
         f"{t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); {c['B']['epochs']} epochs "
-        f"{t['B']['tau']:.3f}, {dci(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
-        f"{t['C']['tau']:.3f}, {dci(paired_bootstrap(res['C'], res['A']))} paired.\n")
+        f"{t['B']['tau']:.3f}, {_paired_text(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
+        f"{t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired.\n")
 
 
 def draft_vocab_summary(folder: str | Path) -> str:
     """Markdown lines for ``benchmarks/cpu-draft-vocab/``: stage 02's training time with the whole vocabulary (A), a
     reduced draft vocabulary (B) and that with 4x the anchors (C), and their walked tau paired over the same prompts."""
-    from .decode_stats import paired_bootstrap, results_from_json
-    d = Path(folder)
-    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
-    m = {v: rd(d / f"metrics-02-{v}.json") for v in "ABC"}
-    c = {v: rd(d / f"config-02-{v}.json") for v in "ABC"}
-    tw = rd(d / "tau-walk.json")
-    res = {k: results_from_json(v) for k, v in rd(d / "tau-walk.grid.json")["results"].items()}
-    dci = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"  # noqa: E731
+    from .decode_stats import paired_bootstrap
+    m, c, tw, res, cpu = _walked_variants(folder)
     t = {v: tw["drafters"][v] for v in "ABC"}
     tr = {v: m[v]["train"] for v in "ABC"}
-    cpu = rd(d / "run-02-A.json")["cpu"]["model"]
     return (
         f"- Stage 02 of `smol` on one {cpu} (2 cores, {tr['A']['steps']} steps, one run each, one seed): the whole "
         f"vocabulary {tr['A']['train_s']:.0f} s; a draft vocabulary of the {m['B']['draft_vocab']['size']:,} tokens "
@@ -548,8 +550,8 @@ def draft_vocab_summary(folder: str | Path) -> str:
         f"conversation instead of {c['A']['num_anchors']} {tr['C']['train_s']:.0f} s.\n"
         f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: whole "
         f"vocabulary {t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); reduced "
-        f"{t['B']['tau']:.3f}, {dci(paired_bootstrap(res['B'], res['A']))} paired; reduced with "
-        f"{c['C']['num_anchors']} anchors {t['C']['tau']:.3f}, {dci(paired_bootstrap(res['C'], res['A']))} paired. "
+        f"{t['B']['tau']:.3f}, {_paired_text(paired_bootstrap(res['B'], res['A']))} paired; reduced with "
+        f"{c['C']['num_anchors']} anchors {t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired. "
         + (f"The interval of the reduced vocabulary includes 0 and excludes a loss above "
            f"{-paired_bootstrap(res['B'], res['A'])['diff_ci95'][0]:.3f} at this tau. "
            if paired_bootstrap(res['B'], res['A'])['diff_ci95'][0] < 0 < paired_bootstrap(res['B'], res['A'])['diff_ci95'][1]
