@@ -72,21 +72,27 @@ stage() {  # STAGE [--set k=v ...]
   cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; true
 }
 done_() { [ -f $R/$1/metrics.json ]; }
+# the path a stage's metrics name: named_path RUNS STAGE KEY... (e.g. $R 02_drafter_pretrain drafter) -> RUNS/STAGE/<name>
+named_path() {
+  echo $1/$2/$(python3 -c "import json,sys;d=json.load(open(sys.argv[1]))
+for k in sys.argv[2:]: d=d[k]
+print(d)" $1/$2/metrics.json "${@:3}")
+}
 # batch-1 speed on the QAD target (issue 35 item 9): its dense bf16 twin, CUDA graphs, plain against one drafter in
 # 5 alternating rounds; then that drafter in bf16 for vLLM on the CPU machine (14 MiB parts). speed_pass NAME DRAFTER
 speed_pass() {
   local name=$1 drafter=$2
-  [ -f $O/speed-$name.done ] && [ -f $O/bf16-$name.done ] && return 0
-  [ -f $O/speed-$name.done ] || ok 240 || return 0
-  [ -f $O/speed-$name.done ] || {
-  local tw=$R/01_qad/$(python3 -c "import json;print(json.load(open('$R/01_qad/metrics.json'))['names']['twin'])")
-  run speed-$name python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $tw --dtype bfloat16 \
-    --data $R/00_data --drafter $name=$drafter --prompts 32 --new-tokens 128 --modes graphs --rounds 5 \
-    --out $O/speed-qad-$name.json && touch $O/speed-$name.done; }
+  if [ ! -f $O/speed-$name.done ]; then
+    ok 240 || return 0
+    run speed-$name python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $(named_path $R 01_qad names twin) \
+      --dtype bfloat16 --data $R/00_data --drafter $name=$drafter --prompts 32 --new-tokens 128 --modes graphs --rounds 5 \
+      --out $O/speed-qad-$name.json && touch $O/speed-$name.done
+  fi
   # the drafter in bf16, its own marker: an export cut by the deadline is redone by the next call
-  [ -f $O/speed-$name.done ] && [ ! -f $O/bf16-$name.done ] && timeout $(left) python3 benchmarks/drafter_bf16.py $drafter \
-    /tmp/drafter-bf16/$(basename $drafter) && tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part" \
-    && touch $O/bf16-$name.done
+  if [ -f $O/speed-$name.done ] && [ ! -f $O/bf16-$name.done ]; then
+    timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) && \
+      tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part" && touch $O/bf16-$name.done
+  fi
   return 0
 }
 ok() { [ $(left) -gt ${1:-60} ]; }
@@ -118,7 +124,7 @@ if done_ 00_data; then
       cp $RV/02_drafter_pretrain/config.json $O/config-v02-$n.json 2>/dev/null
       cp $RV/02_drafter_pretrain/train_log*.jsonl $O/train_log-v02-$n.jsonl 2>/dev/null
       [ -f $RV/02_drafter_pretrain/metrics.json ] || all=0
-      [ -f $RV/02_drafter_pretrain/metrics.json ] && W="$W --drafter $n=$RV/02_drafter_pretrain/$(python3 -c "import json;print(json.load(open('$RV/02_drafter_pretrain/metrics.json'))['drafter'])")"
+      [ -f $RV/02_drafter_pretrain/metrics.json ] && W="$W --drafter $n=$(named_path $RV 02_drafter_pretrain drafter)"
     done
     [ $all = 1 ] && [ "$(cat $O/tau-v02.list 2>/dev/null)" != "$XL_V02" ] && ok 90 && run tau-v02 python3 \
       benchmarks/drafter_tau_by_source.py --data $R/00_data $W --target ${XL_TARGET:-smol} --out $O/tau-v02.json \
@@ -126,16 +132,15 @@ if done_ 00_data; then
   fi
   done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain ${XL_02:-}; }   # XL_02="--set epochs=1"
   if [ -n "${XL_TAU-1}" ] && done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
-    D=$(python3 -c "import json;print(json.load(open('$R/02_drafter_pretrain/metrics.json'))['drafter'])")
-    run tau python3 benchmarks/drafter_tau_by_source.py --data $R/00_data --drafter pretrain=$R/02_drafter_pretrain/$D \
+    run tau python3 benchmarks/drafter_tau_by_source.py --data $R/00_data --drafter pretrain=$(named_path $R 02_drafter_pretrain drafter) \
       --target ${XL_TARGET:-smol} --out $O/tau-pretrain-fp.json --prompts 64 --new 128
   fi
   done_ 01_qad || { ok && stage 01_qad; }
   [ "${XL_SPEED:-}" = pretrain ] && done_ 01_qad && done_ 02_drafter_pretrain && speed_pass pretrain \
-    $R/02_drafter_pretrain/$(python3 -c "import json;print(json.load(open('$R/02_drafter_pretrain/metrics.json'))['drafter'])")
+    $(named_path $R 02_drafter_pretrain drafter)
   done_ 01_qad && done_ 02_drafter_pretrain && ! done_ 03_drafter_finetune && ok 120 && stage 03_drafter_finetune ${XL_02:-}
   [ "${XL_SPEED:-}" = 1 ] && done_ 03_drafter_finetune && speed_pass two_stage \
-    $R/03_drafter_finetune/$(python3 -c "import json;print(json.load(open('$R/03_drafter_finetune/metrics.json'))['drafters']['two_stage'])")
+    $(named_path $R 03_drafter_finetune drafters two_stage)
   done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
 fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
