@@ -6,6 +6,7 @@
 #             [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
 #   call 3.. (carry .device/gguf.partc .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
+#             [XL_UNTIL=00_data (stage 00 alone)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
 #             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
 #             the preset and XL_02 unchanged)]
@@ -99,6 +100,7 @@ ok() { [ $(left) -gt ${1:-60} ]; }
 # the regeneration benchmark only when asked (XL_BENCH="--prompts 16384 --batch 1024,2048,4096"): stage 00 reports its own
 [ -n "${XL_BENCH:-}" ] && [ ! -f $O/bench.json ] && run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json $XL_BENCH
 done_ 00_data || stage 00_data ${XL_00:-}    # XL_00="--set n_prompts=100768" (with a prompt dump made for that size)
+[ "${XL_UNTIL:-}" = 00_data ] && END=$(date +%s)   # XL_UNTIL=00_data: stage 00 alone (its regeneration figure), nothing after
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if done_ 00_data; then
   [ -z "${XL_PROFILE-1}" ] || [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
