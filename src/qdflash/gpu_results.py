@@ -525,11 +525,14 @@ def cpu_drafter_steps_summary(folder: str | Path) -> str:
     t = {v: tw["drafters"][v] for v in "ABC"}
     row = lambda v: (f"{m[v]['steps']} steps in {m[v]['train_s']:.0f} s, training loss {m[v]['final_loss']:.2f} "   # noqa: E731
                      f"(accuracy {m[v]['final_acc']:.3f}) at the end")
+    from .config import DrafterConfig, load_config
+    now = load_config(DrafterConfig, "smol").epochs
+    adopted = (f" (the `smol` preset's since)" if c["B"]["epochs"] == now != c["A"]["epochs"] else "")
     return (
         f"- Stage 02 of `smol` on one {cpu} (2 cores, one run each, one seed, the same {c['A']['batch_size']} rows x "
-        f"{c['A']['num_anchors']} anchors per step): the preset ({c['A']['epochs']} epochs, lr {c['A']['lr']:g}) "
-        f"{row('A')}; {c['B']['epochs']} epochs {row('B')}; lr {c['C']['lr']:g} {row('C')}.\n"
-        f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: the preset "
+        f"{c['A']['num_anchors']} anchors per step): the preset then (A: {c['A']['epochs']} epochs, lr {c['A']['lr']:g}) "
+        f"{row('A')}; {c['B']['epochs']} epochs{adopted} {row('B')}; lr {c['C']['lr']:g} {row('C')}.\n"
+        f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: A "
         f"{t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); {c['B']['epochs']} epochs "
         f"{t['B']['tau']:.3f}, {_paired_text(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
         f"{t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired.\n")
