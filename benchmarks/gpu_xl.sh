@@ -7,6 +7,7 @@
 #   call 3.. (carry .device/gguf.partc .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
 #             [XL_UNTIL=00_data (stage 00 alone)]
+#             [XL_SWA=128 [XL_SWA_CTX=2048-8192] (a drafter trained with the window, walked on long real prompts)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
 #             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
 #             the preset and XL_02 unchanged)]
@@ -136,6 +137,24 @@ if done_ 00_data; then
   if [ -n "${XL_TAU-1}" ] && done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
     run tau python3 benchmarks/drafter_tau_by_source.py --data $R/00_data --drafter pretrain=$(named_path $R 02_drafter_pretrain drafter) \
       --target ${XL_TARGET:-smol} --out $O/tau-pretrain-fp.json --prompts 64 --new 128
+  fi
+  # the drafter window at long context (issue 35 item 3, the GPU half; XL_SWA=W): stage 02 once more with train_window=W
+  # (its own run directory, 00_data linked in, XL_02 first), then benchmarks/swa_long_context.py walks it and the
+  # preset's stage-02 drafter, each with and without the window, on 32 real multi-turn prompts of XL_SWA_CTX tokens
+  # (default 2048-8192: >= 16 W at W=128, the most the smol-gpu-xl drafter's 416-token training rows leave a window
+  # to learn), and times one drafter step with caches up to 8K tokens
+  if [ -n "${XL_SWA:-}" ] && done_ 02_drafter_pretrain; then
+    RV=/tmp/runs-xl-swa$XL_SWA; mkdir -p $RV; [ -e $RV/00_data ] || ln -s $R/00_data $RV/00_data
+    [ -f $RV/02_drafter_pretrain/metrics.json ] || { ok 120 && run v02-swa$XL_SWA python3 -m qdflash.cli run \
+      02_drafter_pretrain --preset $PRESET --runs $RV --no-progress ${XL_02:-} --set train_window=$XL_SWA; }
+    cp $RV/02_drafter_pretrain/metrics.json $O/metrics-v02-swa$XL_SWA.json 2>/dev/null
+    cp $RV/02_drafter_pretrain/config.json $O/config-v02-swa$XL_SWA.json 2>/dev/null
+    ctx=${XL_SWA_CTX:-2048-8192}
+    [ -f $RV/02_drafter_pretrain/metrics.json ] && [ ! -f $O/swa-long.json ] && ok 120 && run swa python3 \
+      benchmarks/swa_long_context.py --data $R/00_data --target ${XL_TARGET:-smol} --window $XL_SWA \
+      --drafter full=$(named_path $R 02_drafter_pretrain drafter) --drafter swa$XL_SWA=$(named_path $RV 02_drafter_pretrain drafter) \
+      --prompts ${XL_SWA_PROMPTS:-32} --new 128 --min-tokens ${ctx%-*} --max-tokens ${ctx#*-} \
+      --lengths ${XL_SWA_LENGTHS:-256,512,1024,2048,4096,8192} --out $O/swa-long.json
   fi
   done_ 01_qad || { ok && stage 01_qad; }
   [ "${XL_SPEED:-}" = pretrain ] && done_ 01_qad && done_ 02_drafter_pretrain && speed_pass pretrain \
