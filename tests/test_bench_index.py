@@ -185,3 +185,6 @@ def test_the_cpu_steps_summary_pairs_each_variant_with_the_preset():
     text = cpu_drafter_steps_summary(d)
     assert f"8 epochs 1.197, {b['diff']:+.3f} ({b['diff_ci95'][0]:+.3f} to {b['diff_ci95'][1]:+.3f}) paired" in text
     assert b["diff_ci95"][0] > 0 and json.loads((d / "config-02-B.json").read_text())["epochs"] == 8
+    dd = paired_bootstrap(res["D"], res["B"])                 # 16 epochs against 8, not against the 4-epoch A
+    assert f"1.229 (1.192-1.269), {dd['diff']:+.3f} ({dd['diff_ci95'][0]:+.3f} to {dd['diff_ci95'][1]:+.3f}) over 8" in text
+    assert json.loads((d / "config-02-D.json").read_text())["epochs"] == 16

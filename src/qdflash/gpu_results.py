@@ -504,13 +504,14 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
 
 
 def _walked_variants(folder: str | Path) -> tuple[dict, dict, dict, dict, str]:
-    """A folder of stage-02 variants A, B, C walked together (``benchmarks/cpu-draft-vocab/``, ``cpu-drafter-steps/``):
-    their metrics and configs, ``tau-walk.json``, the per-prompt results of ``tau-walk.grid.json`` and the CPU model
-    of A's run."""
+    """A folder of stage-02 variants A, B, C (D, ... where their metrics are there) walked together
+    (``benchmarks/cpu-draft-vocab/``, ``cpu-drafter-steps/``): their metrics and configs, ``tau-walk.json``, the
+    per-prompt results of ``tau-walk.grid.json`` and the CPU model of A's run."""
     from .decode_stats import results_from_json
     d = Path(folder)
     rd = lambda name: json.loads((d / name).read_text())        # noqa: E731
-    return ({v: rd(f"metrics-02-{v}.json") for v in "ABC"}, {v: rd(f"config-02-{v}.json") for v in "ABC"},
+    vs = sorted(p.name[len("metrics-02-"):-len(".json")] for p in d.glob("metrics-02-?.json"))
+    return ({v: rd(f"metrics-02-{v}.json") for v in vs}, {v: rd(f"config-02-{v}.json") for v in vs},
             rd("tau-walk.json"), {k: results_from_json(v) for k, v in rd("tau-walk.grid.json")["results"].items()},
             rd("run-02-A.json")["cpu"]["model"])
 
@@ -535,7 +536,13 @@ def cpu_drafter_steps_summary(folder: str | Path) -> str:
         f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: A "
         f"{t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); {c['B']['epochs']} epochs "
         f"{t['B']['tau']:.3f}, {_paired_text(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
-        f"{t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired.\n")
+        f"{t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired.\n" + ("" if "D" not in m else
+        f"- {c['D']['epochs']} epochs (D, a later run on the same data, walked with A-C on the same prompts): "
+        f"{row('D')}; tau {tw['drafters']['D']['tau']:.3f} ({tw['drafters']['D']['tau_ci95'][0]:.3f}-"
+        f"{tw['drafters']['D']['tau_ci95'][1]:.3f}), {_paired_text(paired_bootstrap(res['D'], res['B']))} over "
+        f"{c['B']['epochs']} epochs, paired. Each doubling of the steps bought about half of the one before (A to B "
+        f"{t['B']['tau'] - t['A']['tau']:+.3f}, B to D {tw['drafters']['D']['tau'] - t['B']['tau']:+.3f}) for twice "
+        f"the minutes, against the {1.5 - tw['drafters']['D']['tau']:+.2f} that a tau of 1.5 still needs.\n"))
 
 
 def draft_vocab_summary(folder: str | Path) -> str:
