@@ -82,6 +82,19 @@ named_path() {
 for k in sys.argv[2:]: d=d[k]
 print(d)" $1/$2/metrics.json "${@:3}")
 }
+# stage 02 once more on the same data: variant_02 NAME [--set k=v ...] trains it in /tmp/runs-xl-NAME (00_data linked
+# in, resumable; XL_02's settings first, then the variant's), copies its metrics, config and log to $O as *-v02-NAME.*,
+# and succeeds when the variant's drafter is there
+variant_02() {
+  local n=$1; shift; local rv=/tmp/runs-xl-$n
+  mkdir -p $rv; [ -e $rv/00_data ] || ln -s $R/00_data $rv/00_data
+  [ -f $rv/02_drafter_pretrain/metrics.json ] || { ok 120 && run v02-$n python3 -m qdflash.cli run 02_drafter_pretrain \
+    --preset $PRESET --runs $rv --no-progress ${XL_02:-} "$@"; }
+  cp $rv/02_drafter_pretrain/metrics.json $O/metrics-v02-$n.json 2>/dev/null
+  cp $rv/02_drafter_pretrain/config.json $O/config-v02-$n.json 2>/dev/null
+  cp $rv/02_drafter_pretrain/train_log*.jsonl $O/train_log-v02-$n.jsonl 2>/dev/null
+  [ -f $rv/02_drafter_pretrain/metrics.json ]
+}
 # batch-1 speed on the QAD target (issue 35 item 9): its dense bf16 twin, CUDA graphs, plain against one drafter in
 # 5 alternating rounds; then that drafter in bf16 for vLLM on the CPU machine (14 MiB parts). speed_pass NAME DRAFTER
 speed_pass() {
@@ -114,22 +127,14 @@ if done_ 00_data; then
       --sources $src --walk 64 --new 128 --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
   fi
   # stage-02 levers on the same data (issue 34 item 4: steps, learning rate), before the preset's own stage 02:
-  # XL_V02="NAME:k=v,k=v NAME2:k=v BASE ..." trains stage 02 once per variant in its own run directory (00_data linked
-  # in, resumable; XL_02's settings first, then the variant's; a bare NAME: none of its own), then walks the variants'
-  # pretrain drafters on the same 64 held-out real prompts x 128 tokens (the decoder's tau, paired; stage 00 regenerates
+  # XL_V02="NAME:k=v,k=v NAME2:k=v BASE ..." trains stage 02 once per variant (variant_02; a bare NAME: no settings of
+  # its own), then walks the variants' pretrain drafters on the same 64 held-out real prompts x 128 tokens (the decoder's tau, paired; stage 00 regenerates
   # the same tokens in every run, so a run-1206d-h100 grid pairs too); the walk reruns when the variant list changes
   if [ -n "${XL_V02:-}" ]; then
     W=""; all=1
     for v in $XL_V02; do
       n=${v%%:*}; sets=""; case $v in *:*) sets=$(echo "${v#*:}" | tr ',' '\n' | sed 's/^/--set /');; esac
-      RV=/tmp/runs-xl-$n; mkdir -p $RV; [ -e $RV/00_data ] || ln -s $R/00_data $RV/00_data
-      [ -f $RV/02_drafter_pretrain/metrics.json ] || { ok 120 && run v02-$n python3 -m qdflash.cli run 02_drafter_pretrain \
-        --preset $PRESET --runs $RV --no-progress ${XL_02:-} $sets; }
-      cp $RV/02_drafter_pretrain/metrics.json $O/metrics-v02-$n.json 2>/dev/null
-      cp $RV/02_drafter_pretrain/config.json $O/config-v02-$n.json 2>/dev/null
-      cp $RV/02_drafter_pretrain/train_log*.jsonl $O/train_log-v02-$n.jsonl 2>/dev/null
-      [ -f $RV/02_drafter_pretrain/metrics.json ] || all=0
-      [ -f $RV/02_drafter_pretrain/metrics.json ] && W="$W --drafter $n=$(named_path $RV 02_drafter_pretrain drafter)"
+      if variant_02 $n $sets; then W="$W --drafter $n=$(named_path /tmp/runs-xl-$n 02_drafter_pretrain drafter)"; else all=0; fi
     done
     [ $all = 1 ] && [ "$(cat $O/tau-v02.list 2>/dev/null)" != "$XL_V02" ] && ok 90 && run tau-v02 python3 \
       benchmarks/drafter_tau_by_source.py --data $R/00_data $W --target ${XL_TARGET:-smol} --out $O/tau-v02.json \
@@ -141,20 +146,16 @@ if done_ 00_data; then
       --target ${XL_TARGET:-smol} --out $O/tau-pretrain-fp.json --prompts 64 --new 128
   fi
   # the drafter window at long context (issue 35 item 3, the GPU half; XL_SWA=W): stage 02 once more with train_window=W
-  # (its own run directory, 00_data linked in, XL_02 first), then benchmarks/swa_long_context.py walks it and the
+  # (variant_02 swaW), then benchmarks/swa_long_context.py walks it and the
   # preset's stage-02 drafter, each with and without the window, on 32 real multi-turn prompts of XL_SWA_CTX tokens
   # (default 2048-8192: >= 16 W at W=128, the most the smol-gpu-xl drafter's 416-token training rows leave a window
   # to learn), and times one drafter step with caches up to 8K tokens
   if [ -n "${XL_SWA:-}" ] && done_ 02_drafter_pretrain; then
-    RV=/tmp/runs-xl-swa$XL_SWA; mkdir -p $RV; [ -e $RV/00_data ] || ln -s $R/00_data $RV/00_data
-    [ -f $RV/02_drafter_pretrain/metrics.json ] || { ok 120 && run v02-swa$XL_SWA python3 -m qdflash.cli run \
-      02_drafter_pretrain --preset $PRESET --runs $RV --no-progress ${XL_02:-} --set train_window=$XL_SWA; }
-    cp $RV/02_drafter_pretrain/metrics.json $O/metrics-v02-swa$XL_SWA.json 2>/dev/null
-    cp $RV/02_drafter_pretrain/config.json $O/config-v02-swa$XL_SWA.json 2>/dev/null
     ctx=${XL_SWA_CTX:-2048-8192}
-    [ -f $RV/02_drafter_pretrain/metrics.json ] && [ ! -f $O/swa-long-$XL_SWA.json ] && ok 120 && run swa$XL_SWA python3 \
+    variant_02 swa$XL_SWA --set train_window=$XL_SWA && [ ! -f $O/swa-long-$XL_SWA.json ] && ok 120 && run swa$XL_SWA python3 \
       benchmarks/swa_long_context.py --data $R/00_data --target ${XL_TARGET:-smol} --window $XL_SWA \
-      --drafter full=$(named_path $R 02_drafter_pretrain drafter) --drafter swa$XL_SWA=$(named_path $RV 02_drafter_pretrain drafter) \
+      --drafter full=$(named_path $R 02_drafter_pretrain drafter) \
+      --drafter swa$XL_SWA=$(named_path /tmp/runs-xl-swa$XL_SWA 02_drafter_pretrain drafter) \
       --prompts ${XL_SWA_PROMPTS:-32} --new 128 --min-tokens ${ctx%-*} --max-tokens ${ctx#*-} \
       --lengths ${XL_SWA_LENGTHS:-256,512,1024,2048,4096,8192} --out $O/swa-long-$XL_SWA.json
   fi

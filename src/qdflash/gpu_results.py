@@ -520,13 +520,13 @@ def cpu_drafter_steps_summary(folder: str | Path) -> str:
     """Markdown lines for ``benchmarks/cpu-drafter-steps/``: stage 02 of ``smol`` as the preset trains it (A), with twice
     the epochs (B) and with twice the learning rate (C) on the same data, their training time and end loss, and their
     walked tau paired over the same prompts (issue 34 item 5: does the CPU drafter buy tau with more steps?)."""
+    from .config import DrafterConfig, load_config
     from .decode_stats import paired_bootstrap
     m, c, tw, res, cpu = _walked_variants(folder)
     m = {v: x["train"] for v, x in m.items()}
-    t = {v: tw["drafters"][v] for v in "ABC"}
+    t = {v: tw["drafters"][v] for v in m}
     row = lambda v: (f"{m[v]['steps']} steps in {m[v]['train_s']:.0f} s, training loss {m[v]['final_loss']:.2f} "   # noqa: E731
                      f"(accuracy {m[v]['final_acc']:.3f}) at the end")
-    from .config import DrafterConfig, load_config
     now = load_config(DrafterConfig, "smol").epochs
     adopted = (f" (the `smol` preset's since)" if c["B"]["epochs"] == now != c["A"]["epochs"] else "")
     return (
@@ -538,11 +538,11 @@ def cpu_drafter_steps_summary(folder: str | Path) -> str:
         f"{t['B']['tau']:.3f}, {_paired_text(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
         f"{t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired.\n" + ("" if "D" not in m else
         f"- {c['D']['epochs']} epochs (D, a later run on the same data, walked with A-C on the same prompts): "
-        f"{row('D')}; tau {tw['drafters']['D']['tau']:.3f} ({tw['drafters']['D']['tau_ci95'][0]:.3f}-"
-        f"{tw['drafters']['D']['tau_ci95'][1]:.3f}), {_paired_text(paired_bootstrap(res['D'], res['B']))} over "
-        f"{c['B']['epochs']} epochs, paired. Each doubling of the steps bought about half of the one before (A to B "
-        f"{t['B']['tau'] - t['A']['tau']:+.3f}, B to D {tw['drafters']['D']['tau'] - t['B']['tau']:+.3f}) for twice "
-        f"the minutes, against the {1.5 - tw['drafters']['D']['tau']:+.2f} that a tau of 1.5 still needs.\n"))
+        f"{row('D')}; tau {t['D']['tau']:.3f} ({t['D']['tau_ci95'][0]:.3f}-{t['D']['tau_ci95'][1]:.3f}), "
+        f"{_paired_text(paired_bootstrap(res['D'], res['B']))} over {c['B']['epochs']} epochs, paired. Each doubling "
+        f"of the steps bought about half of the one before (A to B {t['B']['tau'] - t['A']['tau']:+.3f}, B to D "
+        f"{t['D']['tau'] - t['B']['tau']:+.3f}) for twice the minutes, against the {1.5 - t['D']['tau']:+.2f} that a "
+        f"tau of 1.5 still needs.\n"))
 
 
 def draft_vocab_summary(folder: str | Path) -> str:
@@ -552,6 +552,7 @@ def draft_vocab_summary(folder: str | Path) -> str:
     m, c, tw, res, cpu = _walked_variants(folder)
     t = {v: tw["drafters"][v] for v in "ABC"}
     tr = {v: m[v]["train"] for v in "ABC"}
+    pb = paired_bootstrap(res["B"], res["A"])
     return (
         f"- Stage 02 of `smol` on one {cpu} (2 cores, {tr['A']['steps']} steps, one run each, one seed): the whole "
         f"vocabulary {tr['A']['train_s']:.0f} s; a draft vocabulary of the {m['B']['draft_vocab']['size']:,} tokens "
@@ -560,11 +561,11 @@ def draft_vocab_summary(folder: str | Path) -> str:
         f"conversation instead of {c['A']['num_anchors']} {tr['C']['train_s']:.0f} s.\n"
         f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: whole "
         f"vocabulary {t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); reduced "
-        f"{t['B']['tau']:.3f}, {_paired_text(paired_bootstrap(res['B'], res['A']))} paired; reduced with "
+        f"{t['B']['tau']:.3f}, {_paired_text(pb)} paired; reduced with "
         f"{c['C']['num_anchors']} anchors {t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired. "
         + (f"The interval of the reduced vocabulary includes 0 and excludes a loss above "
-           f"{-paired_bootstrap(res['B'], res['A'])['diff_ci95'][0]:.3f} at this tau. "
-           if paired_bootstrap(res['B'], res['A'])['diff_ci95'][0] < 0 < paired_bootstrap(res['B'], res['A'])['diff_ci95'][1]
+           f"{-pb['diff_ci95'][0]:.3f} at this tau. "
+           if pb['diff_ci95'][0] < 0 < pb['diff_ci95'][1]
            else "") +
         "vLLM's dflash method cannot serve a reduced vocabulary (no draft-to-target map), so the preset keeps the "
         "whole vocabulary.\n")
