@@ -150,6 +150,28 @@ def test_the_steps_summary_pairs_the_pretrain_drafters_and_refuses_other_prompts
         gpu_xl_steps_summary(moved, old)
 
 
+def test_the_epochs_summary_pairs_its_drafters_and_leaves_out_a_failed_call():
+    """gpu_xl_epochs_summary's two-stage gain and its gain over 3 epochs are paired bootstraps on the QAD grid (a
+    flipped sign or another row would fail), its 2/3/5-epoch curve is each run's own pretrain tau, and its minutes are
+    stage_times.txt's without stage 00's failed first call (rc 1)."""
+    from qdflash.decode_stats import acceptance_stats, paired_bootstrap, results_from_json
+    from qdflash.gpu_results import gpu_xl_epochs_summary
+    d, e3, e2 = (BENCH / f"smol-gpu-xl/run-{n}-h100" for n in ("1207", "1206d", "1206g"))
+    g = lambda p, row: results_from_json(json.loads(p.read_text())["results"][row])      # noqa: E731
+    text = gpu_xl_epochs_summary(d, e3, e2)
+    gain = paired_bootstrap(g(d / "decode-qad.json", "two_stage"), g(d / "decode-qad.json", "pretrain"))
+    more = paired_bootstrap(g(d / "decode-qad.json", "two_stage"), g(e3 / "decode-qad.json", "two_stage"))
+    assert f"two-stage gain {gain['diff']:+.3f} ({gain['diff_ci95'][0]:+.3f} to {gain['diff_ci95'][1]:+.3f})" in text
+    assert f"the 3-epoch run's: {more['diff']:+.3f}" in text and more["diff"] > 0
+    for p, row in ((e2 / "tau-pretrain-fp.grid.json", "pretrain"), (e3 / "decode-fp.json", "pretrain"),
+                   (d / "decode-fp.json", "pretrain")):
+        assert f" {acceptance_stats(g(p, row))['tau']:.3f} (" in text
+    lines = (d / "stage_times.txt").read_text().splitlines()
+    assert lines[0].startswith("00_data rc=1")
+    total = sum(float(x.split()[2][:-1]) for x in lines[1:]) / 60
+    assert f"**{total:.1f} minutes for stages 00-03**" in text and "stage 04 did not run" in text
+
+
 def test_the_regime_curve_reads_each_runs_grid_and_its_training():
     """regime_curve_table's rows are each run's own tau (a row from another drafter, target or file would fail), with
     how it was measured, its steps from stage 02's metrics, and the batch from the config or, where the run kept only
@@ -172,6 +194,7 @@ def test_the_regime_curve_reads_each_runs_grid_and_its_training():
     assert pick("run-1206b-h100", "FP", "pretrain")["batch"] == 64          # it kept no stage-02 config
     assert _batch_of(5616, 3, 129) == 128 and _batch_of(50000, 2, 1562) == 64 and _batch_of(10, 3, 7) is None
     assert len(t.run.unique()) == len(reads)
+    assert pick("run-1207-h100", "QAD", "two_stage")["stage 02 s"] == "644 wall, 2 calls"   # cut, resumed: not 223 s
 
 
 def test_the_cpu_steps_summary_pairs_each_variant_with_the_preset():

@@ -1,4 +1,6 @@
 """The fast CPU paths: the shared feature cache and bf16 training over fp32 master weights with a frozen target."""
+import time
+
 import pytest
 import torch
 
@@ -129,8 +131,12 @@ def test_drafter_training_resumed_mid_epoch_equals_uninterrupted(tmp_path, monke
     st = torch.load(tmp_path / "b.pt", weights_only=False)
     assert st["step"] == 6 and st["step"] % 5 != 0            # really a mid-epoch resume point
     b2 = fresh()
+    t0 = time.time()
     log = train_drafter(b2, target, rows, feats, cfg, 2, tmp_path / "b.pt", tmp_path / "b.jsonl", "b", progress=False)
     assert len(log) == 10
+    # the training seconds carry over the resume: the last step's count holds the killed run's 6 steps too
+    t = [r["train_s"] for r in log]
+    assert t == sorted(t) and t[5] == st["log"][5]["train_s"] > 0 and t[-1] - t[5] <= time.time() - t0
     for (n, p), q in zip(a.named_parameters(), b2.parameters()):
         assert torch.equal(p, q), n
 

@@ -37,3 +37,17 @@ def test_gsm_prompts_are_seeded_problems():
     a, meta = gsm_prompts(5, seed=3)
     assert a == gsm_prompts(5, seed=3)[0] and a != gsm_prompts(5, seed=4)[0]
     assert len(a) == 5 and all("?" in p or "." in p for p in a) and meta["candidate_prompts"] == 5
+
+
+@pytest.mark.parametrize("name", ["dump.json", "dump.json.gz"])
+def test_a_prompt_dump_rebuilds_the_same_mix_under_either_name(tmp_path, monkeypatch, name):
+    """dump_mix_prompts writes what its file name says (gzip for .gz, which load_prompts decompresses; a plain JSON
+    under a .gz name failed on the GPU machine), and stage 00 rebuilds the same mix from it without the packages."""
+    from qdflash.data import dump_mix_prompts, load_prompts
+    cfg = load_config(DataConfig, "smol", n_prompts=40, source="mix:sharegpt=0.5,chitchat=0.3,gsm=0.2")
+    dump_mix_prompts(cfg, tmp_path / name)
+    assert (tmp_path / name).read_bytes()[:2] == (b"\x1f\x8b" if name.endswith(".gz") else b"{\n")
+    monkeypatch.setenv("QDFLASH_PROMPTS_DUMP", str(tmp_path / name))
+    prompts, meta = load_prompts(cfg)
+    n = 2 * cfg.n_prompts                   # the dump keeps 2x each share: the prefix stage 00 selects from
+    assert prompts[:n] == mix_prompts(cfg)[0][:n] and "dump_sha256" in meta

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .config import DataConfig, read_config
 from .prompt_filter import keep_prompt
-from .runio import (read_jsonl, sha256_file, write_json, write_jsonl)
+from .runio import (atomic_write_bytes, read_jsonl, sha256_file, write_json, write_jsonl)
 
 
 # ----------------------------------------------------------------------------------------------- prompt sources
@@ -279,8 +279,11 @@ def dump_mix_prompts(cfg: DataConfig, path: str | Path, factor: float = 2.0) -> 
     weights = parse_mix(cfg.source)
     pools, meta = real_pools(cfg, weights)
     pools = {k: v[: int(factor * cfg.n_prompts * weights[k]) + 16] for k, v in pools.items()}
-    write_json(Path(path), {"source": cfg.source, "seed": cfg.seed, "n_prompts": cfg.n_prompts,
-                            "pools": pools, "meta": meta})
+    obj = {"source": cfg.source, "seed": cfg.seed, "n_prompts": cfg.n_prompts, "pools": pools, "meta": meta}
+    if str(path).endswith(".gz"):       # load_prompts reads a .gz name as gzip: write what the name says (mtime 0)
+        atomic_write_bytes(path, gzip.compress(json.dumps(obj, sort_keys=True).encode(), mtime=0))
+    else:
+        write_json(Path(path), obj)
     return sum(len(v) for v in pools.values())
 
 

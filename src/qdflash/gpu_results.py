@@ -452,6 +452,83 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     ]) + "\n"
 
 
+def _gpu_of(run_dir: Path) -> str:
+    """The GPU a device-tool run used: a stage's saved provenance (``run-<stage>.json``) or, for a run that kept none,
+    the model its calls reported (``calls.json``)."""
+    for f in sorted(run_dir.glob("run-*.json")):
+        gpu = json.loads(f.read_text()).get("gpu")
+        if gpu:
+            return gpu
+    return json.loads((run_dir / "calls.json").read_text())["gpu"]
+
+
+def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_epoch_run: str | Path) -> str:
+    """Markdown lines for a ``smol-gpu-xl`` run of stages 00-03 with more drafter epochs (``gpu_xl.sh go`` with
+    ``XL_02="--set epochs=N"``, stages 02 and 03): minutes per stage, the pretrained drafter on the FP target against
+    the 3- and 2-epoch runs' (same data, seed and depth; the curve of tau against epochs), and the two-stage drafter on
+    the QAD target against the 3-epoch run's and against its own pretrained drafter, each paired over the same 64
+    held-out real prompts. Every number read from its JSON."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json, speedup_ci95
+    d, e3, e2 = Path(run_dir), Path(three_epoch_run), Path(two_epoch_run)
+    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    grids = {"fp": rd(d / "decode-fp.json"), "qad": rd(d / "decode-qad.json")}
+    old = {"fp": rd(e3 / "decode-fp.json"), "qad": rd(e3 / "decode-qad.json"), "fp2": rd(e2 / "tau-pretrain-fp.grid.json")}
+    for k, g in old.items():
+        mine = grids[k[:-1] if k == "fp2" else k]
+        toks = lambda grid: [r["tokens"] for r in grid["results"]["plain"]]      # noqa: E731
+        if g["prompts"] != mine["prompts"] or toks(g) != toks(mine):
+            raise ValueError(f"{d} and the {k} grid it is paired with differ in prompts or plain outputs")
+    m0, m2 = rd(d / "metrics-00_data.json"), rd(d / "metrics-02_drafter_pretrain.json")
+    m1, m3 = rd(d / "metrics-01_qad.json"), rd(d / "metrics-03_drafter_finetune.json")
+    ep = {n: rd(r / "metrics-02_drafter_pretrain.json")["train"] for n, r in (("new", d), ("3", e3), ("2", e2))}
+    if len({rd(r / "metrics-00_data.json")["generated_tokens"] for r in (d, e3, e2)}) != 1:
+        raise ValueError(f"{d}, {e3} and {e2} did not train on the same stage-00 data")
+    res = lambda g, k: results_from_json(g["results"][k])      # noqa: E731
+    pre = {n: res(g, "pretrain") for n, g in (("new", grids["fp"]), ("3", old["fp"]), ("2", old["fp2"]))}
+    tau = {n: acceptance_stats(r) for n, r in pre.items()}
+    two, two3, preq = res(grids["qad"], "two_stage"), res(old["qad"], "two_stage"), res(grids["qad"], "pretrain")
+    st2, stq = acceptance_stats(two), acceptance_stats(preq)
+    secs = stage_seconds(d / "stage_times.txt")
+    ok = {s: sum(v) / 60 for s, v in secs.items()}
+    cut = [s[:2] for s, v in secs.items() if len(v) > 1 and s != "00_data"]
+    stages = [s for s in ("00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant") if s in ok]
+    # a call of stage 00 that failed at once (rc 1, before any work) is not stage 00's time
+    s00 = [float(x) for x in re.findall(r"00_data rc=0 ([\d.]+)s", (d / "stage_times.txt").read_text())]
+    ok["00_data"] = sum(s00) / 60
+    total = sum(ok[s] for s in stages)
+    sp = speedup_ci95(res(grids["qad"], "plain"), two)
+    ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
+    tail = lambda r, n: float(np.mean([x["loss"] for x in [json.loads(y) for y in (r / f"train_log-{rd(r / 'metrics-02_drafter_pretrain.json')['drafter'].split('/')[-1]}.jsonl").read_text().splitlines()] if n - 50 < x["step"] <= n]))   # noqa: E731
+    n_new = ep["new"]["steps"]
+    return "\n".join([
+        f"- One {_gpu_of(d)}, commit {m0['git_sha'][:7]}, the preset with {ep['new']['epochs']} drafter epochs "
+        f"(`--set epochs={ep['new']['epochs']}`, stages 02 and 03; {n_new:,} steps); minutes per stage (calls of at most "
+        f"10 minutes; " + (f"stages {' and '.join(cut)} each cut at a call's limit and resumed from their checkpoints"
+                           if cut else "none cut") + "): "
+        + ", ".join(f"{s[:2]} {ok[s]:.1f}" for s in stages) + f": **{total:.1f} minutes for stages "
+        f"{stages[0][:2]}-{stages[-1][:2]}**" + ("" if "04_drafter_quant" in ok else
+        " (stage 04 did not run: the session's 30 minutes of device time were spent)") + f". Stage 00 regenerated the "
+        f"same {m0['regeneration']['output_tokens']:,} tokens at {m0['regeneration']['output_tokens_per_s'] / 1e3:.1f}K "
+        f"output tok/s; stage 01's held-out KL {m1['qad_vs_gptq_kl']['ratio']:.2f}x GPTQ's.",
+        f"- The pretrained drafter on the FP target, tau against epochs on the same 64 held-out real prompts x "
+        f"{grids['fp']['max_new_tokens']} tokens (same data, seed and {m2['drafter'].split('-L')[1][0]}-layer drafter; "
+        f"one seed each): {ep['2']['epochs']} epochs ({ep['2']['steps']:,} steps, `{e2.name}/`) {tau['2']['tau']:.3f} "
+        f"({ci(tau['2']['tau_ci95'])}), {ep['3']['epochs']} epochs ({ep['3']['steps']:,}, `{e3.name}/`) "
+        f"{tau['3']['tau']:.3f} ({ci(tau['3']['tau_ci95'])}), {ep['new']['epochs']} epochs {tau['new']['tau']:.3f} "
+        f"({ci(tau['new']['tau_ci95'])}): {ep['new']['epochs']} minus {ep['3']['epochs']} "
+        f"{_paired_text(paired_bootstrap(pre['new'], pre['3']))}, paired. Training loss, mean of the last 50 steps: "
+        f"{tail(e2, ep['2']['steps']):.2f}, {tail(e3, ep['3']['steps']):.2f}, {tail(d, n_new):.2f}. More steps "
+        f"still buy tau at {m0['n_train']:,} conversations (one seed per point).",
+        f"- On the QAD target the two-stage drafter decodes at **tau {st2['tau']:.3f} ({ci(st2['tau_ci95'])})** "
+        f"(the {ep['3']['epochs']}-epoch run's: {_paired_text(paired_bootstrap(two, two3))}, paired), the pretrained "
+        f"one {stq['tau']:.3f} ({ci(stq['tau_ci95'])}): two-stage gain {_paired_text(paired_bootstrap(two, preq))}, "
+        f"paired over prompts (one seed); acceptance by draft position "
+        + ", ".join(f"{a:.2f}" for a in st2["per_position"][:4]) + f"; speculation over plain decoding at batch 1 "
+        f"(CUDA graphs, fp32) {sp[0]:.2f}-{sp[1]:.2f}x. Stage 03's finetune ({m3['train']['two_stage']['steps']} steps on "
+        f"the QAD target's own answers) took {m3['train']['two_stage']['train_s']:.0f} s.",
+    ]) + "\n"
+
+
 def _batch_of(n_train: int, epochs: int, steps: int) -> int | None:
     """The batch size that gives ``steps`` over ``epochs`` of ``n_train`` rows (steps per epoch = n_train // batch),
     for a run that kept no stage-02 config (the power of two nearest among the batches that fit); None when none fits."""
@@ -466,7 +543,8 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
     batch, epochs, steps, rows seen and stage-02 seconds; then the tau with its 95% interval over prompts of the
     pretrained drafter on the FP target and of the pretrained and two-stage drafters on the QAD target where the run has
     them, and whether the decoder or the walk measured it (the walk gives the decoder's tau). One seed per run; each
-    run's own held-out prompts (the 50K runs share theirs)."""
+    run's own held-out prompts (the 50K runs share theirs). Stage-02 seconds are training seconds, or for a stage cut
+    at a call's limit and resumed by code that did not carry them over, its wall seconds over the calls."""
     from .decode_stats import acceptance_stats, results_from_json
     rows = []
     for f in map(Path, metrics_02):
@@ -481,6 +559,10 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
         batch = c["batch_size"] if c.get("stage", "02_drafter_pretrain") == "02_drafter_pretrain" and \
             c.get("epochs") == tr["epochs"] and "batch_size" in c else _batch_of(m0["n_train"], tr["epochs"], tr["steps"])
         layers = int(re.search(r"-L(\d+)-", m2["drafter"]).group(1))
+        # a stage 02 cut by a call's deadline and resumed: before the log carried the training seconds over the
+        # resume (metrics with wall_s), train_s is the last process's alone; then the stage's wall seconds over its calls
+        calls = stage_seconds(d / "stage_times.txt").get("02_drafter_pretrain", []) if (d / "stage_times.txt").exists() else []
+        s02 = round(tr["train_s"]) if len(calls) <= 1 or "wall_s" in tr else f"{sum(calls):.0f} wall, {len(calls)} calls"
         grids = {}
         for target, names in (("fp", ("decode-fp.json", "tau-pretrain-fp.grid.json", f"{pre}03_drafter_finetune-decode-fp.json")),
                               ("qad", ("decode-qad.json", f"{pre}03_drafter_finetune-decode-qad.json"))):
@@ -496,7 +578,7 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
             rows.append({"run": d.name, "conversations": m0["n_train"], "layers": layers,
                          "batch": batch, "epochs": tr["epochs"], "steps": tr["steps"],
                          "rows seen": tr["steps"] * batch if batch else None,
-                         "stage 02 s": round(tr["train_s"]), "target": target.upper(), "drafter": drafter,
+                         "stage 02 s": s02, "target": target.upper(), "drafter": drafter,
                          "tau": round(st["tau"], 3), "95% CI": f"{st['tau_ci95'][0]:.3f}–{st['tau_ci95'][1]:.3f}",
                          "measured by": "walk" if all(r.get("walk") for r in res) else "decoder",
                          "prompts x tokens": f"{len(g['prompts'])} x {g['max_new_tokens']}"})

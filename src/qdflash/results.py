@@ -157,12 +157,14 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
                 rows += gpu
                 notes.append(f"`smol-gpu`: the same target and method with more data, sized for one GPU; its stage 03 "
                              f"ran on one H200 (`{rel(reads[0].parent)}/`).")
-        if show == "gpu_xl_depth" and all(p.exists() for p in reads):
+        if show == "gpu_xl_epochs" and all(p.exists() for p in reads):
             xl = _grid_rows(reads[0], "`smol-gpu-xl` 03", "pretrain")
             if xl:
                 rows += xl
-                notes.append(f"`smol-gpu-xl`: 50K conversations (40% written by the target itself), a 4-layer drafter; "
-                             f"stages 00-04 ran on one H100 (`{rel(reads[0].parent)}/`), one training seed.")
+                epochs = read_json(reads[0].parent / "metrics-02_drafter_pretrain.json")["train"]["epochs"]
+                notes.append(f"`smol-gpu-xl`: 50K conversations (40% written by the target itself), a 4-layer drafter "
+                             f"trained {epochs} epochs; stages 00-03 ran on one H100 (`{rel(reads[0].parent)}/`), one "
+                             f"training seed.")
         if show == "gpu_seeds" and all(p.exists() for p in reads):
             seeds = _seeds_rows(reads[0])
             if seeds:
@@ -428,6 +430,13 @@ def _gpu_xl_steps(reads: list[Path], root: Path) -> str:
             + gpu_xl_steps_summary(run, earlier))
 
 
+def _gpu_xl_epochs(reads: list[Path], root: Path) -> str:
+    from .gpu_results import gpu_xl_epochs_summary
+    run, three, two = (r.parent for r in reads)
+    return (f"\n`smol-gpu-xl` with 5 drafter epochs, stages 00-03 (`{rel(run)}/`):\n\n"
+            + gpu_xl_epochs_summary(run, three, two))
+
+
 def _regime_curve(reads: list[Path], root: Path) -> str:
     """GPU runs' drafters against data and training steps (reads: each run's saved stage-02 metrics)."""
     from .figures import table_markdown
@@ -510,6 +519,7 @@ SECTIONS = {
     "gpu_xl_two_stage": _gpu_xl_two_stage,
     "gpu_xl_depth": _gpu_xl_depth,
     "gpu_xl_steps": _gpu_xl_steps,
+    "gpu_xl_epochs": _gpu_xl_epochs,
     "regime_curve": _regime_curve,
     "draft_vocab": _draft_vocab,
     "cpu_drafter_steps": _cpu_drafter_steps,
