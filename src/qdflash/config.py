@@ -286,12 +286,14 @@ for _cls, _over in _SMOL_GPU.items():
 # It trains 5 epochs: the two-stage drafter on the QAD target decodes at tau 2.84 (2.60-3.13), +0.27 over 3 epochs,
 # paired, one seed (run-1207-h100); 2, 3 and 5 epochs give the pretrained drafter 1.77, 2.27, 2.64. That costs the
 # 20-minute budget: stages 00-03 took 25.3 minutes of one H100 there, against 00-04 in 22.8 at 3 epochs (run-1206d-h100).
-# Stage 03 trains no direct ablation (--set direct_ablation=true adds it) and walks its non-headline rows.
+# Stage 03 trains no direct ablation (--set direct_ablation=true adds it) and walks its non-headline rows. A checkpoint
+# every 100 steps (~25 s of training; 500 before): run-1207-h100's stage 02, cut at a call's limit, resumed at its last
+# checkpoint, step 1,170, and redid the steps after it.
 _SMOL_GPU_XL: dict[type, dict[str, Any]] = {
     DataConfig: dict(source="mix:sharegpt=0.12,sharegpt_later=0.3,chitchat=0.06,reasoning=0.12,magpie=0.4",
                      n_prompts=50_384, val_prompts=384, batch_size=2048, backend="fast"),
     DrafterConfig: dict(num_layers=4, epochs=5, eval_prompts=64, ce_chunk=4096, batch_size=128, lr=2e-3,
-                        compile_features=True, tau_by="walk", direct_ablation=False),
+                        compile_features=True, tau_by="walk", direct_ablation=False, save_every=100),
     DrafterQuantConfig: dict(eval_prompts=64, tau_by="walk"),
 }
 for _cls in _STAGE_PRESETS:
