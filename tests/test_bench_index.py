@@ -58,13 +58,16 @@ def test_report_code_has_no_benchmark_paths_of_its_own():
 
 
 def teststage_seconds_sums_a_stage_over_the_calls_that_ran_it(tmp_path):
-    """A stage cut by one call's deadline (rc 124) and finished by the next counts both calls' seconds."""
-    from qdflash.gpu_results import stage_seconds
+    """A stage cut by one call's deadline (rc 124) and finished by the next counts both calls' seconds; a call that
+    failed (rc 1, 2) is left out and is no cut."""
+    from qdflash.gpu_results import stage_seconds, stages_cut
     p = tmp_path / "stage_times.txt"
-    p.write_text("00_data rc=0 195.5s sha=abc\n01_qad rc=124 88.8s sha=abc\n01_qad rc=0 52.6s sha=abc\n"
-                 "02_drafter_pretrain rc=0 276.6s sha=abc\nnot a stage line\n")
+    p.write_text("00_data rc=1 36.4s sha=abc\n00_data rc=0 195.5s sha=abc\n01_qad rc=124 88.8s sha=abc\n"
+                 "01_qad rc=0 52.6s sha=abc\n02_drafter_pretrain rc=2 0.3s sha=abc\n02_drafter_pretrain rc=0 276.6s sha=abc\n"
+                 "03_drafter_finetune rc=1 3.0s sha=abc\nnot a stage line\n")
     s = stage_seconds(p)
     assert s == {"00_data": [195.5], "01_qad": [88.8, 52.6], "02_drafter_pretrain": [276.6]}
+    assert stages_cut(p) == ["01_qad"]
     assert sum(s["01_qad"]) == pytest.approx(141.4)
 
 
@@ -170,6 +173,7 @@ def test_the_epochs_summary_pairs_its_drafters_and_leaves_out_a_failed_call():
     assert lines[0].startswith("00_data rc=1")
     total = sum(float(x.split()[2][:-1]) for x in lines[1:]) / 60
     assert f"**{total:.1f} minutes for stages 00-03**" in text and "stage 04 did not run" in text
+    assert "stages 02 and 03 cut at a call's limit" in text                  # rc 124 in stage_times.txt; 00's rc 1 is no cut
 
 
 def test_the_regime_curve_reads_each_runs_grid_and_its_training():
@@ -195,6 +199,7 @@ def test_the_regime_curve_reads_each_runs_grid_and_its_training():
     assert _batch_of(5616, 3, 129) == 128 and _batch_of(50000, 2, 1562) == 64 and _batch_of(10, 3, 7) is None
     assert len(t.run.unique()) == len(reads)
     assert pick("run-1207-h100", "QAD", "two_stage")["stage 02 s"] == "644 wall, 2 calls"   # cut, resumed: not 223 s
+    assert pick("run-1206b-h100", "FP", "pretrain")["stage 02 s"] == 190     # two failed calls first, never cut
 
 
 def test_the_cpu_steps_summary_pairs_each_variant_with_the_preset():

@@ -240,7 +240,8 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
     t_mark, tok_mark = time.time(), 0
     # training seconds behind each logged step, carried over resumes (the steps a killed run did after its last
     # checkpoint are redone and counted once): a stage cut by a call's deadline reports its whole training time
-    t_start, t_before = t_mark, (log[-1].get("train_s", 0.0) if log else 0.0)
+    # (a log written by code that did not carry them has none: its resumed entries then carry none either)
+    t_start, t_before = t_mark, (log[-1].get("train_s") if log else 0.0)
 
     def flush():            # one host read for many steps: the step loop itself never waits for the device
         nonlocal t_mark, tok_mark
@@ -254,7 +255,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
         for e, (loss_v, gn_v, acc_v) in zip(pending, vals):
             log.append({"step": e["step"], "epoch": e["epoch"], "loss": loss_v, "lr": e["lr"], "grad_norm": gn_v,
                         "tok_per_s": rate, "acc": acc_v, "n_sup": e["n_sup"],
-                        "train_s": round(t_before + time.time() - t_start, 3)})
+                        **({} if t_before is None else {"train_s": round(t_before + time.time() - t_start, 3)})})
         bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", acc=f"{log[-1]['acc']:.2f}")
         bar.update(len(pending))
         pending.clear()
@@ -313,11 +314,13 @@ def train_and_save(name, drafter, target, rows, feats, cfg, epochs, out, progres
     path = save_drafter(drafter, out / name, {"epochs": epochs, "steps": len(log)}) if drafter is not None \
         else out / name
     wall = round(time.time() - t0, 2)
-    # train_s: the log's training seconds over every process that trained it (a resumed run's wall_s is its last
-    # process's only); a log written before the log carried them: this process's wall time
+    # train_s: the log's training seconds over every process that trained it, with wall_s this process's (a resumed
+    # run's wall_s is its last process's only); a log that does not carry them (begun by older code): this process's
+    # wall time as train_s, and no wall_s (readers take wall_s as the sign that train_s covers every process)
+    carried = bool(log) and "train_s" in log[-1]
     return path, {"steps": len(log), "epochs": epochs, "final_loss": log[-1]["loss"] if log else None,
                   "final_acc": log[-1]["acc"] if log else None,
-                  "train_s": round(log[-1].get("train_s", wall), 2) if log else wall, "wall_s": wall,
+                  "train_s": round(log[-1]["train_s"], 2) if carried else wall, **({"wall_s": wall} if carried else {}),
                   "mean_tok_per_s": sum(r["tok_per_s"] for r in log) / max(1, len(log)),
                   "curve": thin(log, ("step", "loss", "acc"))}
 

@@ -259,15 +259,27 @@ def gpu_xl_training_summary(run_dir: str | Path, earlier_run: str | Path) -> str
     return "\n".join(lines) + "\n"
 
 
-def stage_seconds(path: Path) -> dict[str, list[float]]:
-    """{stage: [seconds of each call that ran it]} from ``gpu_xl.sh``'s ``stage_times.txt`` (a stage cut by a call's
-    deadline, rc 124, goes on in the next call)."""
-    out: dict[str, list[float]] = {}
+def stage_calls(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """{stage: [(rc, seconds) of each call that ran it]} from ``gpu_xl.sh``'s ``stage_times.txt``."""
+    out: dict[str, list[tuple[int, float]]] = {}
     for line in path.read_text().splitlines():
         m = re.match(r"(\S+) rc=(\d+) ([\d.]+)s", line)
         if m:
-            out.setdefault(m[1], []).append(float(m[3]))
+            out.setdefault(m[1], []).append((int(m[2]), float(m[3])))
     return out
+
+
+def stage_seconds(path: Path) -> dict[str, list[float]]:
+    """{stage: [seconds of each call that worked on it]} from ``gpu_xl.sh``'s ``stage_times.txt``: calls that finished
+    it (rc 0) or were cut at the call's deadline (rc 124; the stage goes on in the next call); a call that failed
+    (any other rc: a bad input, nothing kept) is not the stage's time."""
+    return {s: [t for rc, t in v if rc in (0, 124)] for s, v in stage_calls(path).items()
+            if any(rc in (0, 124) for rc, _ in v)}
+
+
+def stages_cut(path: Path) -> list[str]:
+    """The stages a call's deadline cut (rc 124) and a later call finished, in ``stage_times.txt``'s order."""
+    return [s for s, v in stage_calls(path).items() if any(rc == 124 for rc, _ in v)]
 
 
 def _paired_text(p: dict) -> str:
@@ -488,14 +500,12 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
     tau = {n: acceptance_stats(r) for n, r in pre.items()}
     two, two3, preq = res(grids["qad"], "two_stage"), res(old["qad"], "two_stage"), res(grids["qad"], "pretrain")
     st2, stq = acceptance_stats(two), acceptance_stats(preq)
-    secs = stage_seconds(d / "stage_times.txt")
-    ok = {s: sum(v) / 60 for s, v in secs.items()}
-    cut = [s[:2] for s, v in secs.items() if len(v) > 1 and s != "00_data"]
+    ok = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}   # failed calls left out
+    cut = [s[:2] for s in stages_cut(d / "stage_times.txt")]
     stages = [s for s in ("00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant") if s in ok]
-    # a call of stage 00 that failed at once (rc 1, before any work) is not stage 00's time
-    s00 = [float(x) for x in re.findall(r"00_data rc=0 ([\d.]+)s", (d / "stage_times.txt").read_text())]
-    ok["00_data"] = sum(s00) / 60
     total = sum(ok[s] for s in stages)
+    layers = int(re.search(r"-L(\d+)-", m2["drafter"]).group(1))
+    more = paired_bootstrap(pre["new"], pre["3"])
     sp = speedup_ci95(res(grids["qad"], "plain"), two)
     ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
     tail = lambda r, n: float(np.mean([x["loss"] for x in [json.loads(y) for y in (r / f"train_log-{rd(r / 'metrics-02_drafter_pretrain.json')['drafter'].split('/')[-1]}.jsonl").read_text().splitlines()] if n - 50 < x["step"] <= n]))   # noqa: E731
@@ -503,22 +513,24 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
     return "\n".join([
         f"- One {_gpu_of(d)}, commit {m0['git_sha'][:7]}, the preset with {ep['new']['epochs']} drafter epochs "
         f"(`--set epochs={ep['new']['epochs']}`, stages 02 and 03; {n_new:,} steps); minutes per stage (calls of at most "
-        f"10 minutes; " + (f"stages {' and '.join(cut)} each cut at a call's limit and resumed from their checkpoints"
-                           if cut else "none cut") + "): "
+        f"10 minutes; " + (f"stage{'s' * (len(cut) > 1)} {' and '.join(cut)} cut at a call's limit and finished by the "
+                           f"next, which kept the work saved before the cut" if cut else "none cut") + "): "
         + ", ".join(f"{s[:2]} {ok[s]:.1f}" for s in stages) + f": **{total:.1f} minutes for stages "
         f"{stages[0][:2]}-{stages[-1][:2]}**" + ("" if "04_drafter_quant" in ok else
-        " (stage 04 did not run: the session's 30 minutes of device time were spent)") + f". Stage 00 regenerated the "
+        " (stage 04 did not run)") + f". Stage 00 regenerated the "
         f"same {m0['regeneration']['output_tokens']:,} tokens at {m0['regeneration']['output_tokens_per_s'] / 1e3:.1f}K "
         f"output tok/s; stage 01's held-out KL {m1['qad_vs_gptq_kl']['ratio']:.2f}x GPTQ's.",
-        f"- The pretrained drafter on the FP target, tau against epochs on the same 64 held-out real prompts x "
-        f"{grids['fp']['max_new_tokens']} tokens (same data, seed and {m2['drafter'].split('-L')[1][0]}-layer drafter; "
+        f"- The pretrained drafter on the FP target, tau against epochs on the same {len(grids['fp']['prompts'])} "
+        f"held-out real prompts x {grids['fp']['max_new_tokens']} tokens (same data, seed and {layers}-layer drafter; "
         f"one seed each): {ep['2']['epochs']} epochs ({ep['2']['steps']:,} steps, `{e2.name}/`) {tau['2']['tau']:.3f} "
         f"({ci(tau['2']['tau_ci95'])}), {ep['3']['epochs']} epochs ({ep['3']['steps']:,}, `{e3.name}/`) "
         f"{tau['3']['tau']:.3f} ({ci(tau['3']['tau_ci95'])}), {ep['new']['epochs']} epochs {tau['new']['tau']:.3f} "
         f"({ci(tau['new']['tau_ci95'])}): {ep['new']['epochs']} minus {ep['3']['epochs']} "
-        f"{_paired_text(paired_bootstrap(pre['new'], pre['3']))}, paired. Training loss, mean of the last 50 steps: "
-        f"{tail(e2, ep['2']['steps']):.2f}, {tail(e3, ep['3']['steps']):.2f}, {tail(d, n_new):.2f}. More steps "
-        f"still buy tau at {m0['n_train']:,} conversations (one seed per point).",
+        f"{_paired_text(more)}, paired. Training loss, mean of the last 50 steps: "
+        f"{tail(e2, ep['2']['steps']):.2f}, {tail(e3, ep['3']['steps']):.2f}, {tail(d, n_new):.2f}. "
+        + (f"More steps still buy tau at {m0['n_train']:,} conversations (one seed per point)." if more["diff_ci95"][0] > 0
+           else f"The paired interval of {ep['new']['epochs']} against {ep['3']['epochs']} epochs reaches 0 or below: "
+                f"no gain from the extra steps is shown (one seed per point)."),
         f"- On the QAD target the two-stage drafter decodes at **tau {st2['tau']:.3f} ({ci(st2['tau_ci95'])})** "
         f"(the {ep['3']['epochs']}-epoch run's: {_paired_text(paired_bootstrap(two, two3))}, paired), the pretrained "
         f"one {stq['tau']:.3f} ({ci(stq['tau_ci95'])}): two-stage gain {_paired_text(paired_bootstrap(two, preq))}, "
@@ -561,8 +573,10 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
         layers = int(re.search(r"-L(\d+)-", m2["drafter"]).group(1))
         # a stage 02 cut by a call's deadline and resumed: before the log carried the training seconds over the
         # resume (metrics with wall_s), train_s is the last process's alone; then the stage's wall seconds over its calls
-        calls = stage_seconds(d / "stage_times.txt").get("02_drafter_pretrain", []) if (d / "stage_times.txt").exists() else []
-        s02 = round(tr["train_s"]) if len(calls) <= 1 or "wall_s" in tr else f"{sum(calls):.0f} wall, {len(calls)} calls"
+        times = d / "stage_times.txt"
+        cut = times.exists() and "02_drafter_pretrain" in stages_cut(times)
+        calls = stage_seconds(times)["02_drafter_pretrain"] if cut else []
+        s02 = f"{sum(calls):.0f} wall, {len(calls)} calls" if cut and "wall_s" not in tr else round(tr["train_s"])
         grids = {}
         for target, names in (("fp", ("decode-fp.json", "tau-pretrain-fp.grid.json", f"{pre}03_drafter_finetune-decode-fp.json")),
                               ("qad", ("decode-qad.json", f"{pre}03_drafter_finetune-decode-qad.json"))):

@@ -433,7 +433,8 @@ def _gpu_xl_steps(reads: list[Path], root: Path) -> str:
 def _gpu_xl_epochs(reads: list[Path], root: Path) -> str:
     from .gpu_results import gpu_xl_epochs_summary
     run, three, two = (r.parent for r in reads)
-    return (f"\n`smol-gpu-xl` with 5 drafter epochs, stages 00-03 (`{rel(run)}/`):\n\n"
+    epochs = read_json(run / "metrics-02_drafter_pretrain.json")["train"]["epochs"]
+    return (f"\n`smol-gpu-xl` with {epochs} drafter epochs (`{rel(run)}/`):\n\n"
             + gpu_xl_epochs_summary(run, three, two))
 
 
