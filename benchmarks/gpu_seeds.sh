@@ -30,6 +30,7 @@ stage() {  # ROOT STAGE [--set k=v ...]: run until the deadline, log, record wal
   timeout $(left) python3 -m qdflash.cli run $s --preset $PRESET --runs $root --no-progress "$@" >> $O/log-$name.txt 2>&1
   echo "$name rc=$? $(python3 -c "print(round($(date +%s.%N)-$t,1))")s sha=${QDFLASH_GIT_SHA:-?}" | tee -a $O/stage_times.txt
   cp $root/$s/metrics.json $O/metrics-$name.json 2>/dev/null; cp $root/$s/config.json $O/config-$name.json 2>/dev/null
+  cp $root/$s/run.json $O/run-$name.json 2>/dev/null      # provenance: GPU model, library versions, command, commit
   cp $root/$s/decode-*.json $O/ 2>/dev/null && for f in $root/$s/decode-*.json; do mv $O/$(basename $f) $O/$name-$(basename $f); done
   true
 }
