@@ -168,7 +168,7 @@ if done_ 00_data; then
   done_ 03_drafter_finetune && ! done_ 04_drafter_quant && ok 120 && stage 04_drafter_quant
 fi
 for s in 02_drafter_pretrain 03_drafter_finetune; do cp $R/$s/train_log*.jsonl $O/ 2>/dev/null; cp $R/$s/config.json $O/config-$s.json 2>/dev/null; done
-cp $R/03_drafter_finetune/decode-*.json $O/ 2>/dev/null
+cp $R/03_drafter_finetune/decode-*.json $R/04_drafter_quant/decode-04.json $O/ 2>/dev/null   # every decoded prompt
 for s in 01_qad 03_drafter_finetune 04_drafter_quant; do cp $R/$s/metrics.json $O/metrics-$s.json 2>/dev/null; done
 # each stage's provenance (GPU model, library versions, command, commit: issue 35 item 7)
 for s in 00_data 01_qad 02_drafter_pretrain 03_drafter_finetune 04_drafter_quant; do cp $R/$s/run.json $O/run-$s.json 2>/dev/null; done

@@ -48,6 +48,27 @@ def test_drafter_quant_stage_outputs(tiny_pipeline):
                 assert t[key]["mismatched_outputs"] == 0
             lo, hi = t[key]["tau_ci95"]
             assert lo <= t[key]["tau"] <= hi and t[key]["prompts"] == m["eval_prompts"]
+    # decode-04.json: every row's per-prompt results, which give the table's tau and acceptance by position, and
+    # the paired per-position differences of a quantized drafter sum to its tau difference (sum r_i = tau - 1)
+    from qdflash.decode_stats import acceptance_stats, paired_per_position, results_from_json
+    grid = read_json(runs / "04_drafter_quant" / "decode-04.json")
+    assert set(grid["results"]) == {k for k in t if k != "plain_swa"} and len(grid["prompts"]) == m["eval_prompts"]
+    res = {k: results_from_json(v) for k, v in grid["results"].items()}
+    for k, v in res.items():
+        if k != "plain":
+            st = acceptance_stats(v)
+            assert st["tau"] == t[k]["tau"] and st["per_position"] == t[k]["per_position"], k
+    pp = paired_per_position(res[f"w4a16-swa{W}"], res["fp32"])
+    assert pp["a"] == pytest.approx(t[f"w4a16-swa{W}"]["per_position"])
+    assert sum(pp["diff"]) == pytest.approx(t[f"w4a16-swa{W}"]["tau"] - t["fp32"]["tau"])
+    assert all(lo <= d <= hi for d, (lo, hi) in zip(pp["diff"], pp["diff_ci95"]))
+    from qdflash.figures import quant_positions_table
+    qt = quant_positions_table(runs / "04_drafter_quant")
+    assert list(qt.index) == [("fp32", "off"), ("w8a16 - fp32", "off"), ("w4a16 - fp32", "off"), ("fp32", str(W)),
+                              ("w8a16 - fp32", str(W)), ("w4a16 - fp32", str(W))]
+    lo, hi = pp["diff_ci95"][0]
+    assert qt.loc[("w4a16 - fp32", str(W)), "p1"] == f"{pp['diff'][0]:+.3f} ({lo:+.3f} to {hi:+.3f})"
+    assert qt.loc[("fp32", "off"), "p1"] == f"{t['fp32']['per_position'][0]:.3f}"
     # the unquantized row is stage 03's two-stage drafter on the same QAD target, prompts and decoder: identical
     ft = read_json(runs / "03_drafter_finetune" / "metrics.json")["decoding"]["qad"]["two_stage"]
     for k in ("tau", "per_position", "histogram", "steps", "decode_tokens"):

