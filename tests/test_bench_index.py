@@ -202,6 +202,23 @@ def test_the_regime_curve_reads_each_runs_grid_and_its_training():
     assert pick("run-1206b-h100", "FP", "pretrain")["stage 02 s"] == 190     # two failed calls first, never cut
 
 
+def test_the_regime_figure_plots_every_row_of_the_regime_table_once():
+    """regime_curve_plot draws each row of regime_curve_table at (rows seen, tau) with its interval's ends, and no
+    other point (a dropped run, a wrong column or a lost interval would fail)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from qdflash.gpu_results import regime_curve_plot, regime_curve_table
+    man = json.loads((BENCH / "manifest.json").read_text())
+    reads, = [[BENCH / r for r in s["reads"]] for s in man["readme_block"]["sections"] if s["show"] == "regime_curve"]
+    t = regime_curve_table(reads)
+    ax = regime_curve_plot(reads).axes[0]
+    pts = sorted((round(float(x)), round(float(y), 3)) for c in ax.containers for x, y in zip(*c.lines[0].get_data()))
+    assert pts == sorted((int(r), float(v)) for r, v in zip(t["rows seen"], t["tau"]))
+    caps = sorted(round(float(y), 3) for c in ax.containers for ln in c.lines[1] for y in ln.get_ydata())
+    ends = sorted(float(v) for ci in t["95% CI"] for v in ci.split("–"))
+    assert caps == ends
+
+
 def test_the_cpu_steps_summary_pairs_each_variant_with_the_preset():
     """cpu_drafter_steps_summary's differences are the paired bootstrap of each variant against the preset's drafter
     on the same walked prompts (another pairing or a flipped sign would fail), with each variant's own settings."""

@@ -599,6 +599,40 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("run")
 
 
+def regime_curve_plot(metrics_02: list[str | Path]):
+    """``regime_curve_table`` as a figure: tau with its 95% interval over prompts against the rows the drafter trained
+    on (steps x batch, log scale); colour: target and drafter, marker: depth; lines join the runs on the same 50K
+    conversations and depth, the runs on fewer conversations are labelled points. One training seed per point."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    t = regime_curve_table(metrics_02).reset_index()
+    t = t[t["rows seen"].notna()]
+    lo_hi = t["95% CI"].str.split("–", expand=True).astype(float)
+    t = t.assign(lo=lo_hi[0], hi=lo_hi[1], series=t["target"] + " " + t["drafter"])
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    colors = {s: f"C{i}" for i, s in enumerate(sorted(t.series.unique()))}
+    marker = {2: "s", 4: "o"}
+    top = t["conversations"].max()
+    for (series, layers, conv), g in t.groupby(["series", "layers", "conversations"]):
+        g = g.sort_values("rows seen")
+        ax.errorbar(g["rows seen"], g["tau"], yerr=[g["tau"] - g["lo"], g["hi"] - g["tau"]],
+                    marker=marker.get(layers, "^"), capsize=3, ms=4, c=colors[series],
+                    ls="-" if conv == top and len(g) > 1 else "none", lw=1)
+    for (conv, x), g in t[t["conversations"] != top].groupby(["conversations", "rows seen"]):   # one label a run
+        ax.annotate(f"{conv / 1e3:.1f}K conv.", (x, g["lo"].min()), xytext=(0, -9), textcoords="offset points",
+                    fontsize=6, ha="center")
+    handles = [Line2D([], [], c=c, lw=1, label=s) for s, c in colors.items()]
+    handles += [Line2D([], [], c="grey", marker=m, ls="none", label=f"{n} layers") for n, m in marker.items()
+                if n in set(t["layers"])]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", title=f"lines: {top / 1e3:.0f}K conversations",
+              title_fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("rows the drafter trained on (steps x batch)")
+    ax.set_ylabel("tau (bonus token counted)")
+    fig.tight_layout()
+    return fig
+
+
 def _walked_variants(folder: str | Path) -> tuple[dict, dict, dict, dict, str]:
     """A folder of stage-02 variants A, B, C (D, ... where their metrics are there) walked together
     (``benchmarks/cpu-draft-vocab/``, ``cpu-drafter-steps/``): their metrics and configs, ``tau-walk.json``, the

@@ -442,10 +442,11 @@ def _regime_curve(reads: list[Path], root: Path) -> str:
     """GPU runs' drafters against data and training steps (reads: each run's saved stage-02 metrics)."""
     from .figures import table_markdown
     from .gpu_results import regime_curve_table
-    return "\n" + table_markdown(regime_curve_table(reads), "Tau against data and drafter training, every GPU run "
-                                  "that measured its drafters on held-out real prompts (greedy, fp32, CUDA-graph "
-                                  "decoder or the walk along its outputs; 95% CI over prompts; one training seed per "
-                                  "run; `gpu_results.regime_curve_table`)", LEVEL)
+    return ("\n" + table_markdown(regime_curve_table(reads), "Tau against data and drafter training, every GPU run "
+                                   "that measured its drafters on held-out real prompts (greedy, fp32, CUDA-graph "
+                                   "decoder or the walk along its outputs; 95% CI over prompts; one training seed per "
+                                   "run; `gpu_results.regime_curve_table`)", LEVEL)
+            + "\n![tau against the rows each drafter trained on, every GPU run](../figures/smol/fig-regime-curve.png)\n")
 
 
 def _gpu_seeds(reads: list[Path], root: Path) -> str:
