@@ -217,6 +217,13 @@ def test_the_regime_figure_plots_every_row_of_the_regime_table_once():
     caps = sorted(round(float(y), 3) for c in ax.containers for ln in c.lines[1] for y in ln.get_ydata())
     ends = sorted(float(v) for ci in t["95% CI"] for v in ci.split("–"))
     assert caps == ends
+    # a line joins only runs of one depth, batch and data size (they differ in epochs alone)
+    joined = [c.lines[0] for c in ax.containers if c.lines[0].get_linestyle() == "-" and len(c.lines[0].get_xdata()) > 1]
+    assert joined
+    for ln in joined:
+        on = t[t["rows seen"].isin([round(float(x)) for x in ln.get_xdata()]) & t["tau"].isin(
+            [round(float(y), 3) for y in ln.get_ydata()])]
+        assert on[["layers", "batch", "conversations"]].drop_duplicates().shape[0] == 1, on
 
 
 def test_the_cpu_steps_summary_pairs_each_variant_with_the_preset():

@@ -58,9 +58,9 @@ def test_drafter_quant_stage_outputs(tiny_pipeline):
         if k != "plain":
             st = acceptance_stats(v)
             assert st["tau"] == t[k]["tau"] and st["per_position"] == t[k]["per_position"], k
-    pp = paired_per_position(res[f"w4a16-swa{W}"], res["fp32"])
+    pp = paired_per_position(res[f"w4a16-swa{W}"], res[f"fp32-swa{W}"])
     assert pp["a"] == pytest.approx(t[f"w4a16-swa{W}"]["per_position"])
-    assert sum(pp["diff"]) == pytest.approx(t[f"w4a16-swa{W}"]["tau"] - t["fp32"]["tau"])
+    assert sum(pp["diff"]) == pytest.approx(t[f"w4a16-swa{W}"]["tau"] - t[f"fp32-swa{W}"]["tau"])
     assert all(lo <= d <= hi for d, (lo, hi) in zip(pp["diff"], pp["diff_ci95"]))
     from qdflash.figures import quant_positions_table
     qt = quant_positions_table(runs / "04_drafter_quant")

@@ -78,3 +78,28 @@ def test_the_readme_quotes_the_served_speedup_as_the_median_of_its_rounds(tmp_pa
     m5["timing"] = {}
     (root / "05_serving" / "metrics.json").write_text(json.dumps(m5))
     assert "median of rounds" not in readme_block("smol", root)
+
+
+def test_quant_positions_table_pairs_each_quantized_row_with_the_fp32_row_of_its_window(tmp_path):
+    """On a hand-made decode-04.json whose rows differ by known rates at known positions: each cell is the quantized
+    row minus the fp32 row with the same window (pairing with the other window's fp32 row, a flipped sign or a shifted
+    position would give other cells), and no grid gives an empty table."""
+    from qdflash.decode_stats import GenResult, results_to_json
+    from qdflash.figures import quant_positions_table
+    assert quant_positions_table(tmp_path).empty
+
+    def rows(lens):           # 3 prompts, block size 4: every prompt's verify steps accept these lengths
+        return results_to_json([GenResult(tokens=[1, 2], accept_lengths=list(lens), block_size=4) for _ in range(3)])
+    grid = {"prompts": [[1], [2], [3]], "max_new_tokens": 8, "swa_window": 2, "results": {
+        "plain": rows([1, 1]), "fp32": rows([4, 4]), "w8a16": rows([4, 4]), "w4a16": rows([3, 3]),
+        "fp32-swa2": rows([2, 2]), "w8a16-swa2": rows([2, 2]), "w4a16-swa2": rows([1, 1])}}
+    (tmp_path / "decode-04.json").write_text(json.dumps(grid))
+    t = quant_positions_table(tmp_path)
+    assert list(t.index) == [("fp32", "off"), ("w8a16 - fp32", "off"), ("w4a16 - fp32", "off"), ("fp32", "2"),
+                             ("w8a16 - fp32", "2"), ("w4a16 - fp32", "2")]
+    assert list(t.loc[("fp32", "off")]) == ["1.000", "1.000", "1.000"]
+    assert list(t.loc[("fp32", "2")]) == ["1.000", "0.000", "0.000"]
+    zero, minus = "+0.000 (+0.000 to +0.000)", "-1.000 (-1.000 to -1.000)"
+    assert list(t.loc[("w4a16 - fp32", "off")]) == [zero, zero, minus]
+    assert list(t.loc[("w4a16 - fp32", "2")]) == [minus, zero, zero]
+    assert list(t.loc[("w8a16 - fp32", "2")]) == [zero, zero, zero]

@@ -601,8 +601,9 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
 
 def regime_curve_plot(metrics_02: list[str | Path]):
     """``regime_curve_table`` as a figure: tau with its 95% interval over prompts against the rows the drafter trained
-    on (steps x batch, log scale); colour: target and drafter, marker: depth; lines join the runs on the same 50K
-    conversations and depth, the runs on fewer conversations are labelled points. One training seed per point."""
+    on in stage 02 (steps x batch, log scale; the two-stage drafter's finetune epoch of stage 03 not counted); colour:
+    target and drafter, marker: depth; lines join only runs on the same conversations, depth and batch (they differ in
+    epochs alone), the runs on fewer conversations are labelled points. One training seed per point."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     t = regime_curve_table(metrics_02).reset_index()
@@ -613,7 +614,7 @@ def regime_curve_plot(metrics_02: list[str | Path]):
     colors = {s: f"C{i}" for i, s in enumerate(sorted(t.series.unique()))}
     marker = {2: "s", 4: "o"}
     top = t["conversations"].max()
-    for (series, layers, conv), g in t.groupby(["series", "layers", "conversations"]):
+    for (series, layers, conv, _), g in t.groupby(["series", "layers", "conversations", "batch"]):
         g = g.sort_values("rows seen")
         ax.errorbar(g["rows seen"], g["tau"], yerr=[g["tau"] - g["lo"], g["hi"] - g["tau"]],
                     marker=marker.get(layers, "^"), capsize=3, ms=4, c=colors[series],
@@ -624,7 +625,7 @@ def regime_curve_plot(metrics_02: list[str | Path]):
     handles = [Line2D([], [], c=c, lw=1, label=s) for s, c in colors.items()]
     handles += [Line2D([], [], c="grey", marker=m, ls="none", label=f"{n} layers") for n, m in marker.items()
                 if n in set(t["layers"])]
-    ax.legend(handles=handles, fontsize=7, loc="upper left", title=f"lines: {top / 1e3:.0f}K conversations",
+    ax.legend(handles=handles, fontsize=7, loc="upper left", title=f"lines: {top / 1e3:.0f}K conversations, one batch",
               title_fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("rows the drafter trained on (steps x batch)")

@@ -446,7 +446,8 @@ def _regime_curve(reads: list[Path], root: Path) -> str:
                                    "that measured its drafters on held-out real prompts (greedy, fp32, CUDA-graph "
                                    "decoder or the walk along its outputs; 95% CI over prompts; one training seed per "
                                    "run; `gpu_results.regime_curve_table`)", LEVEL)
-            + "\n![tau against the rows each drafter trained on, every GPU run](../figures/smol/fig-regime-curve.png)\n")
+            + ("\n![tau against the rows each drafter trained on, every GPU run](../figures/smol/fig-regime-curve.png)\n"
+               if (REPO_ROOT / "figures" / "smol" / "fig-regime-curve.png").exists() else ""))
 
 
 def _gpu_seeds(reads: list[Path], root: Path) -> str:
