@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .runio import read_json
+
 
 def plain_decode_table(path: str | Path) -> pd.DataFrame:
     """Batch-1 plain decoding per path (eager / static caches / CUDA graphs): tokens/s, ms per token, fraction of
@@ -410,6 +412,24 @@ def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pretrain_log(run_dir: Path, m2: dict) -> list[dict]:
+    """Every logged step of a run's stage-02 drafter (``train_log-<drafter>.jsonl`` beside its saved metrics ``m2``)."""
+    name = m2["drafter"].split("/")[-1]
+    return [json.loads(x) for x in (run_dir / f"train_log-{name}.jsonl").read_text().splitlines()]
+
+
+def _loss_before(log: list[dict], step: int) -> float:
+    """Mean training loss over the 50 logged steps up to ``step``."""
+    return float(np.mean([r["loss"] for r in log if step - 50 < r["step"] <= step]))
+
+
+def _grids_differ(a: dict, b: dict, keys: tuple[str, ...]) -> list[str]:
+    """What keeps two saved decoding grids from pairing: the ``keys`` that differ, and "plain tokens" where plain
+    greedy decoding gave other outputs (a timing field may differ; the outputs may not)."""
+    plain = lambda g: [r["tokens"] for r in g["results"]["plain"]]      # noqa: E731
+    return [k for k in keys if a[k] != b[k]] + (["plain tokens"] if plain(a) != plain(b) else [])
+
+
 def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     """Markdown lines for a ``smol-gpu-xl`` run of stages 00 and 02 with fewer epochs (``gpu_xl.sh go`` with
     ``XL_02="--set epochs=N"``; the pretrain drafter decoded on the FP target by ``drafter_tau_by_source.py``), paired
@@ -421,9 +441,7 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     m0, m2, t = rd(d / "metrics-00_data.json"), rd(d / "metrics-02_drafter_pretrain.json"), rd(d / "tau-pretrain-fp.json")
     old2 = rd(e / "metrics-02_drafter_pretrain.json")
     grid, old_grid = rd(d / "tau-pretrain-fp.grid.json"), rd(e / "decode-fp.json")
-    same = {k: (grid[k], old_grid[k]) for k in ("prompts", "max_new_tokens", "dtype", "target")}
-    same["plain tokens"] = ([r["tokens"] for r in grid["results"]["plain"]], [r["tokens"] for r in old_grid["results"]["plain"]])
-    differ = [k for k, (x, y) in same.items() if x != y]
+    differ = _grids_differ(grid, old_grid, ("prompts", "max_new_tokens", "dtype", "target"))
     if differ:
         raise ValueError(f"{d} and {e} differ in {differ}: no paired comparison")
     cfg, old_cfg = rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json")
@@ -435,12 +453,10 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
                          f"{m0['generated_tokens']} vs {old0['generated_tokens']}; stage 02 settings that differ: {changed})")
     pb = paired_bootstrap(results_from_json(grid["results"]["pretrain"]),
                           results_from_json(old_grid["results"]["pretrain"]))
-    log = [json.loads(x) for x in (d / f"train_log-{m2['drafter']}.jsonl").read_text().splitlines()]
-    old_log = [json.loads(x) for x in (e / f"train_log-{old2['drafter'].split('/')[-1]}.jsonl").read_text().splitlines()]
+    log, old_log = _pretrain_log(d, m2), _pretrain_log(e, old2)
     tr, otr = m2["train"], old2["train"]
     n = tr["steps"]
     lr_at = lambda lg, step: next(r["lr"] for r in lg if r["step"] == step)     # noqa: E731
-    tail = lambda lg, hi: float(np.mean([r["loss"] for r in lg if hi - 50 < r["step"] <= hi]))   # noqa: E731
     secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
     pre, g = t["drafters"]["pretrain"], m0["regeneration"]
     gpu = t["provenance"]["gpu"]
@@ -456,9 +472,9 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"by source: {_tau_by_source_text(pre)}. Against `{e.name}/`'s {otr['epochs']}-epoch drafter "
         f"({otr['steps']:,} steps; walked in its stage 03 grid, the decoder's tau): {_paired_text(pb)}, paired over "
         f"prompts (one seed each).",
-        f"- Training loss, mean of 50 steps: this run {tail(log, n):.2f} at its end (step {n:,}, the learning rate "
-        f"decayed to 0); the {otr['epochs']}-epoch run {tail(old_log, n):.2f} at the same step (its learning rate still "
-        f"{lr_at(old_log, n):.1e}) and {tail(old_log, otr['steps']):.2f} at its end (step {otr['steps']:,}). The drafter "
+        f"- Training loss, mean of 50 steps: this run {_loss_before(log, n):.2f} at its end (step {n:,}, the learning rate "
+        f"decayed to 0); the {otr['epochs']}-epoch run {_loss_before(old_log, n):.2f} at the same step (its learning rate still "
+        f"{lr_at(old_log, n):.1e}) and {_loss_before(old_log, otr['steps']):.2f} at its end (step {otr['steps']:,}). The drafter "
         f"is far from converged at {m0['n_train']:,} conversations: more steps still buy tau at this data size. This "
         f"pair does not separate the steps from the schedule (the shorter run warms up and decays faster; one seed each).",
     ]) + "\n"
@@ -482,17 +498,15 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
     held-out real prompts. Every number read from its JSON."""
     from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json, speedup_ci95
     d, e3, e2 = Path(run_dir), Path(three_epoch_run), Path(two_epoch_run)
-    rd = lambda p: json.loads(Path(p).read_text())        # noqa: E731
+    rd = read_json
     grids = {"fp": rd(d / "decode-fp.json"), "qad": rd(d / "decode-qad.json")}
     old = {"fp": rd(e3 / "decode-fp.json"), "qad": rd(e3 / "decode-qad.json"), "fp2": rd(e2 / "tau-pretrain-fp.grid.json")}
     for k, g in old.items():
-        mine = grids[k[:-1] if k == "fp2" else k]
-        toks = lambda grid: [r["tokens"] for r in grid["results"]["plain"]]      # noqa: E731
-        if g["prompts"] != mine["prompts"] or toks(g) != toks(mine):
+        if _grids_differ(g, grids[k[:-1] if k == "fp2" else k], ("prompts",)):
             raise ValueError(f"{d} and the {k} grid it is paired with differ in prompts or plain outputs")
-    m0, m2 = rd(d / "metrics-00_data.json"), rd(d / "metrics-02_drafter_pretrain.json")
-    m1, m3 = rd(d / "metrics-01_qad.json"), rd(d / "metrics-03_drafter_finetune.json")
-    ep = {n: rd(r / "metrics-02_drafter_pretrain.json")["train"] for n, r in (("new", d), ("3", e3), ("2", e2))}
+    m0, m1, m3 = rd(d / "metrics-00_data.json"), rd(d / "metrics-01_qad.json"), rd(d / "metrics-03_drafter_finetune.json")
+    m2s = {n: rd(r / "metrics-02_drafter_pretrain.json") for n, r in (("new", d), ("3", e3), ("2", e2))}
+    m2, ep = m2s["new"], {n: m["train"] for n, m in m2s.items()}
     if len({rd(r / "metrics-00_data.json")["generated_tokens"] for r in (d, e3, e2)}) != 1:
         raise ValueError(f"{d}, {e3} and {e2} did not train on the same stage-00 data")
     res = lambda g, k: results_from_json(g["results"][k])      # noqa: E731
@@ -508,7 +522,7 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
     more = paired_bootstrap(pre["new"], pre["3"])
     sp = speedup_ci95(res(grids["qad"], "plain"), two)
     ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
-    tail = lambda r, n: float(np.mean([x["loss"] for x in [json.loads(y) for y in (r / f"train_log-{rd(r / 'metrics-02_drafter_pretrain.json')['drafter'].split('/')[-1]}.jsonl").read_text().splitlines()] if n - 50 < x["step"] <= n]))   # noqa: E731
+    tail = {n: _loss_before(_pretrain_log(r, m2s[n]), ep[n]["steps"]) for n, r in (("new", d), ("3", e3), ("2", e2))}
     n_new = ep["new"]["steps"]
     return "\n".join([
         f"- One {_gpu_of(d)}, commit {m0['git_sha'][:7]}, the preset with {ep['new']['epochs']} drafter epochs "
@@ -527,7 +541,7 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
         f"{tau['3']['tau']:.3f} ({ci(tau['3']['tau_ci95'])}), {ep['new']['epochs']} epochs {tau['new']['tau']:.3f} "
         f"({ci(tau['new']['tau_ci95'])}): {ep['new']['epochs']} minus {ep['3']['epochs']} "
         f"{_paired_text(more)}, paired. Training loss, mean of the last 50 steps: "
-        f"{tail(e2, ep['2']['steps']):.2f}, {tail(e3, ep['3']['steps']):.2f}, {tail(d, n_new):.2f}. "
+        f"{tail['2']:.2f}, {tail['3']:.2f}, {tail['new']:.2f}. "
         + (f"More steps still buy tau at {m0['n_train']:,} conversations (one seed per point)." if more["diff_ci95"][0] > 0
            else f"The paired interval of {ep['new']['epochs']} against {ep['3']['epochs']} epochs reaches 0 or below: "
                 f"no gain from the extra steps is shown (one seed per point)."),

@@ -83,8 +83,8 @@ def run_drafter_quant(cfg: DrafterQuantConfig, out_dir, data_dir, qad_dir, finet
                                  decoder=cfg.decoder, walk=walked(swa), walkers=walkers)
         table["plain" if not swa else "plain_swa"] = res.pop("plain")
         for k, v in res.items():
-            table[k + ("" if not swa else f"-swa{swa}")] = v
-            rows_of[k + ("" if not swa else f"-swa{swa}")] = results_to_json(per_prompt[k])
+            row = k + ("" if not swa else f"-swa{swa}")
+            table[row], rows_of[row] = v, results_to_json(per_prompt[k])
         rows_of.setdefault("plain", results_to_json(per_prompt["plain"]))
     write_json(out / "decode-04.json", {"prompts": prompts, "max_new_tokens": cfg.eval_new_tokens,
                                         "swa_window": cfg.swa_window, "results": rows_of})
