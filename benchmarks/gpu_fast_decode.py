@@ -7,8 +7,9 @@
         --prompts 2 --new-tokens 24 --out /tmp/fast-decode-smoke.json          # CPU smoke check
 
 Modes: ``eager`` (``speculative.generate``: DynamicCache, all hidden states), ``fast`` (``fast_decode.FastDecoder``:
-static caches, fixed shapes, no compile) and ``graphs`` (the same with ``torch.compile(mode="reduce-overhead")``,
-i.e. CUDA graphs; CUDA only). Reported, all measured in this run:
+static caches, fixed shapes, no compile), ``graphs`` (the same with ``torch.compile(mode="reduce-overhead")``,
+i.e. CUDA graphs; CUDA only) and ``fused`` (graphs with one call a step: draft, verify and the target's argmax in one
+graph, ``FastDecoder(fused=True)``; on the CPU without compile, a smoke check). Reported, all measured in this run:
 
 * plain tok/s per mode, against the weight-bandwidth floor (bytes of the target's weights / ``--bandwidth-tbs``,
   4.8 TB/s = H200 HBM3e) and a launch-bound estimate: kernels per plain step (counted with torch.profiler on the
@@ -21,8 +22,10 @@ i.e. CUDA graphs; CUDA only). Reported, all measured in this run:
 * losslessness: outputs that differ from plain decoding (and fast/graphs from eager plain). In bf16 a difference is
   expected from near-ties; each one is reported with its first position and the target's top-1/top-2 logit gap there.
 
-Eager runs are slow on a GPU (Python-bound), so they use the first ``--eager-prompts`` prompts only. Writes JSON with
-the command, the git SHA and the environment.
+Eager runs are slow on a GPU (Python-bound), so they use the first ``--eager-prompts`` prompts only (0: none).
+``--rounds N`` then times plain against each drafter in the ``--reference`` mode in N alternating rounds on the
+decoders already warmed up (median and range of the per-round speedup). Writes JSON with the command, the git SHA and
+the environment.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from qdflash.drafter import load_drafter, new_drafter
 from qdflash.fast_decode import FastDecoder
 from qdflash.models import load_model, load_tokenizer, mask_token_id
 from qdflash.runio import git_sha, write_json
-from qdflash.decode_stats import GenResult, acceptance_stats
+from qdflash.decode_stats import GenResult, acceptance_stats, speedup_ci95
 from qdflash.speculative import generate
 
 TEXTS = ("Tell me about the moon and its phases.", "Write a short poem about a quiet river at night.",
@@ -159,22 +162,20 @@ def decode(fn, prompts, n_new: int) -> list[GenResult]:
     return [fn(p, n_new) for p in prompts]
 
 
-def timing_rounds(drafters: dict, windows: dict, prompts, n: int, rounds: int, compiled: bool, fast_decoder) -> dict:
-    """Plain against each drafter (served with its window of ``windows``) in ``rounds`` rounds on one pair of
-    warmed-up decoders, the order alternating from round to round (``serving.interleaved_timing_jobs``), each round
+def timing_rounds(plain_fd, spec_fds: dict, prompts, n: int, rounds: int) -> dict:
+    """Plain (``plain_fd``) against each drafter's decoder (``spec_fds``, name -> FastDecoder), all warmed up, in
+    ``rounds`` rounds, the order alternating from round to round (``serving.interleaved_timing_jobs``), each round
     decoding every prompt: tokens/s per side and the per-round speedup's median and range
     (``serving.timing_summary``)."""
     from qdflash.serving import interleaved_timing_jobs, timing_summary
     out = {}
-    for name, d in drafters.items():
-        fds = {"plain": fast_decoder(None, compiled)[0], "spec": fast_decoder(d, compiled, windows[name])[0]}
+    for name, spec_fd in spec_fds.items():
+        fds = {"plain": plain_fd, "spec": spec_fd}
         results = {}
         for job, side in interleaved_timing_jobs({"side": "plain"}, {"side": "spec"}, rounds).items():
             runs = [fds[side["side"]].generate(p, n, split_timing=False) for p in prompts]
             st = summarize(runs, False)
             results[job] = {"output_tokens_per_s": st["tokens_per_s"], "tokens": [r.tokens for r in runs]}
-        for fd in fds.values():
-            fd.close()
         summary = timing_summary(results)
         summary["prompts"] = len(prompts)
         out[name] = summary
@@ -196,11 +197,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--window", type=int, default=None, help="drafter context window (default: drafter config)")
     ap.add_argument("--bandwidth-tbs", type=float, default=4.8)
     ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--modes", default="fast,graphs", help="static-cache modes to run: fast, graphs or both "
-                    "(eager always runs on --eager-prompts); graphs alone fits a short device call")
+    ap.add_argument("--modes", default="fast,graphs", help="static-cache modes to run, of fast, graphs, fused "
+                    "(eager runs on --eager-prompts); graphs or fused alone fits a short device call")
+    ap.add_argument("--reference", default=None, help="the mode of the headline and of --rounds (default: fused, "
+                    "else graphs, else fast, of those run)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=0, help="then time plain against each drafter in this many rounds, "
-                    "the order alternating, in the reference mode: median and range of the per-round speedup")
+                    "the order alternating, in the reference mode, on its warmed-up decoders: median and range of the "
+                    "per-round speedup")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     t_start = time.time()
@@ -239,8 +243,9 @@ def main(argv: list[str] | None = None) -> dict:
     res["launch"] = launch_times(device)
     print(f"weights {wbytes / 1e6:.1f} MB, floor {floor:.0f} tok/s; launch {res['launch']}", flush=True)
 
-    def fast_decoder(drafter, compiled: bool, window: int | None = None) -> tuple[FastDecoder, float]:
-        fd = FastDecoder(target, drafter, max_len=max_len, window=window, compile=compiled)
+    def fast_decoder(drafter, compiled: bool, window: int | None = None, fused: bool = False
+                     ) -> tuple[FastDecoder, float]:
+        fd = FastDecoder(target, drafter, max_len=max_len, window=window, compile=compiled, fused=fused)
         t = time.perf_counter()
         for _ in range(3 if compiled else 1):          # warm-up (compile, cudagraph warm-up and record)
             fd.generate(prompts[0], min(n, 16 + max_B))
@@ -249,35 +254,53 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ------------------------------------------------------------------------------------------------ plain
     plain: dict = {}
-    generate(target, prompts[0], 8)                                                    # eager warm-up
-    eager_plain = decode(lambda p, k: generate(target, p, k), eager_prompts, n)
-    plain["eager"] = summarize(eager_plain, False)
-    wanted = set(a.modes.split(","))
-    modes = ({"fast": False} if "fast" in wanted or not graphs else {}) | (
-        {"graphs": True} if graphs and "graphs" in wanted else {})
+    eager_plain: list[GenResult] = []
+    if eager_prompts:
+        generate(target, prompts[0], 8)                                                # eager warm-up
+        eager_plain = decode(lambda p, k: generate(target, p, k), eager_prompts, n)
+        plain["eager"] = summarize(eager_plain, False)
+    wanted = a.modes.split(",")
+    unknown = sorted(set(wanted) - {"fast", "graphs", "fused"})
+    if unknown:
+        ap.error(f"unknown --modes {unknown}: use fast, graphs, fused")
+    # mode -> (compiled, fused); graphs and fused compile on CUDA only (on the CPU fused runs uncompiled, a smoke check)
+    modes = ({"fast": (False, False)} if "fast" in wanted or not graphs else {}) | (
+        {"graphs": (True, False)} if graphs and "graphs" in wanted else {}) | (
+        {"fused": (graphs, True)} if "fused" in wanted else {})
+    ref_mode = a.reference or next(m for m in ("fused", "graphs", "fast") if m in modes)
+    if ref_mode not in modes:
+        ap.error(f"--reference {ref_mode} is not among the modes run ({', '.join(modes)})")
+    kept: dict[str, FastDecoder] = {}          # the reference mode's warmed-up decoders, for --rounds
     plain_runs: dict[str, list[GenResult]] = {}
-    for mode, compiled in modes.items():
-        fd, warm = fast_decoder(None, compiled)
+    for mode, (compiled, fused) in modes.items():
+        fd, warm = fast_decoder(None, compiled, fused=fused)
         plain_runs[mode] = decode(fd.generate, prompts, n)
         plain[mode] = summarize(plain_runs[mode], False) | {"warmup_s": warm}
-        plain[mode]["vs_eager_plain"] = compare(target, eager_prompts, eager_plain, plain_runs[mode])
-        fd.close()
-    k_eager = kernels_per_step(lambda k: generate(target, prompts[0], k), device, min(n, 16))
+        if eager_plain:
+            plain[mode]["vs_eager_plain"] = compare(target, eager_prompts, eager_plain, plain_runs[mode])
+        if mode == ref_mode and a.rounds:
+            kept["plain"] = fd
+        else:
+            fd.close()
+    lt = res["launch"]
+    kinds = "CUDA kernels" if device.type == "cuda" else "leaf aten ops (CPU)"
+    plain["kernels_per_step"], plain["launch_bound_tokens_per_s"] = {"unit": kinds}, {}
+    if eager_plain:
+        k_eager = kernels_per_step(lambda k: generate(target, prompts[0], k), device, min(n, 16))
+        plain["kernels_per_step"]["eager"] = k_eager
+        plain["launch_bound_tokens_per_s"]["eager"] = 1e6 / (k_eager * lt["eager_op_us"])
     fd, _ = fast_decoder(None, False)
     k_fast = kernels_per_step(lambda k: fd.generate(prompts[0], k), device, min(n, 16))
     fd.close()
-    lt = res["launch"]
     for mode, st in list(plain.items()):
-        st["fraction_of_floor"] = st["tokens_per_s"] / floor
-    plain["kernels_per_step"] = {"eager": k_eager, "fast": k_fast,
-                                 "unit": "CUDA kernels" if device.type == "cuda" else "leaf aten ops (CPU)"}
-    plain["launch_bound_tokens_per_s"] = {"eager": 1e6 / (k_eager * lt["eager_op_us"]),
-                                          "fast": 1e6 / (k_fast * lt["eager_op_us"])}
+        if isinstance(st, dict) and "tokens_per_s" in st:
+            st["fraction_of_floor"] = st["tokens_per_s"] / floor
+    plain["kernels_per_step"]["fast"] = k_fast
+    plain["launch_bound_tokens_per_s"]["fast"] = 1e6 / (k_fast * lt["eager_op_us"])
     if "graph_kernel_us" in lt:
         plain["launch_bound_tokens_per_s"]["graphs"] = 1e6 / (k_fast * lt["graph_kernel_us"])
     res["plain"] = plain
     print(json.dumps(plain, indent=1), flush=True)
-    ref_mode = "graphs" if "graphs" in modes else "fast"
 
     # ------------------------------------------------------------------------------------------------ speculative
     res["speculative"] = {}
@@ -285,24 +308,33 @@ def main(argv: list[str] | None = None) -> dict:
         dc = d.config.dflash_config
         win = a.window if a.window is not None else (dc.get("swa_window_size") if dc.get("use_swa") else None)
         out: dict = {"block_size": d.block_size, "target_layer_ids": d.target_layer_ids, "window": win}
-        generate(target, prompts[0], 8, d, window=win)
-        eager = decode(lambda p, k: generate(target, p, k, d, window=win), eager_prompts, n)
-        out["eager"] = summarize(eager, True) | {"vs_plain": compare(target, eager_prompts, eager_plain, eager)}
-        out["eager"]["speedup"] = out["eager"]["tokens_per_s"] / plain["eager"]["tokens_per_s"]
-        for mode, compiled in modes.items():
-            fd, warm = fast_decoder(d, compiled, win)
+        if eager_plain:
+            generate(target, prompts[0], 8, d, window=win)
+            eager = decode(lambda p, k: generate(target, p, k, d, window=win), eager_prompts, n)
+            out["eager"] = summarize(eager, True) | {"vs_plain": compare(target, eager_prompts, eager_plain, eager)}
+            out["eager"]["speedup"] = out["eager"]["tokens_per_s"] / plain["eager"]["tokens_per_s"]
+        for mode, (compiled, fused) in modes.items():
+            fd, warm = fast_decoder(d, compiled, win, fused=fused)
             runs = [fd.generate(p, n, split_timing=False) for p in prompts]
-            split = [fd.generate(p, n, split_timing=True) for p in prompts]
-            fd.close()
+            # a fused step cannot be split: draft and verify times come from the unfused modes
+            split = None if fused else [fd.generate(p, n, split_timing=True) for p in prompts]
+            if mode == ref_mode and a.rounds:
+                kept[name] = fd
+            else:
+                fd.close()
             st = summarize(runs, True) | {"warmup_s": warm}
-            sp = summarize(split, True)
-            st.update({k: sp[k] for k in ("draft_ms", "verify_ms", "drafter_share")})
             st["vs_plain"] = compare(target, prompts, plain_runs[mode], runs)
             st["speedup"] = st["tokens_per_s"] / plain[mode]["tokens_per_s"]
-            t_plain = plain[mode]["step_ms"]
-            st["verify_over_plain_step"] = sp["verify_ms"] / t_plain
-            st["predicted_speedup"] = st["tau"] * t_plain / (sp["draft_ms"] + sp["verify_ms"])
-            st["goal_0p8_of_predicted"] = st["speedup"] >= 0.8 * st["predicted_speedup"]
+            st["speedup_ci95"] = speedup_ci95(plain_runs[mode], runs)
+            if split is None:
+                st.update({"draft_ms": None, "verify_ms": None, "drafter_share": None, "predicted_speedup": None})
+            else:
+                sp = summarize(split, True)
+                st.update({k: sp[k] for k in ("draft_ms", "verify_ms", "drafter_share")})
+                t_plain = plain[mode]["step_ms"]
+                st["verify_over_plain_step"] = sp["verify_ms"] / t_plain
+                st["predicted_speedup"] = st["tau"] * t_plain / (sp["draft_ms"] + sp["verify_ms"])
+                st["goal_0p8_of_predicted"] = st["speedup"] >= 0.8 * st["predicted_speedup"]
             if st["tau"] >= 2.5:
                 st["goal_2x_at_tau_2p5"] = st["speedup"] >= 2.0
             out[mode] = st
@@ -311,12 +343,15 @@ def main(argv: list[str] | None = None) -> dict:
         print(name, json.dumps({m: {k: v for k, v in s.items() if not isinstance(v, dict)}
                                 for m, s in out.items() if isinstance(s, dict)}, indent=1), flush=True)
     if a.rounds:
-        windows = {name: v["window"] for name, v in res["speculative"].items()}      # as the single pass served them
-        res["timing"] = timing_rounds(drafters, windows, prompts, n, a.rounds, modes[ref_mode], fast_decoder)
+        res["timing"] = timing_rounds(kept["plain"], {k: v for k, v in kept.items() if k != "plain"}, prompts, n,
+                                      a.rounds)
+        res["timing_mode"] = ref_mode
+        for fd in kept.values():
+            fd.close()
         write_json(Path(a.out), res)
         print(json.dumps({k: v["speedup"] for k, v in res["timing"].items()}, indent=1), flush=True)
     res["wall_s"] = round(time.time() - t_start, 1)
-    res["headline"] = {"plain_tokens_per_s": {m: plain[m]["tokens_per_s"] for m in ["eager"] + list(modes)},
+    res["headline"] = {"plain_tokens_per_s": {m: plain[m]["tokens_per_s"] for m in ["eager"] + list(modes) if m in plain},
                        "floor_tokens_per_s": floor, "reference_mode": ref_mode,
                        "speculative": {k: {"tau": v[ref_mode]["tau"], "tokens_per_s": v[ref_mode]["tokens_per_s"],
                                            "speedup": v[ref_mode]["speedup"],

@@ -95,20 +95,22 @@ variant_02() {
   cp $rv/02_drafter_pretrain/train_log*.jsonl $O/train_log-v02-$n.jsonl 2>/dev/null
   [ -f $rv/02_drafter_pretrain/metrics.json ]
 }
-# batch-1 speed on the QAD target (issue 35 item 9): its dense bf16 twin, CUDA graphs, plain against one drafter in
-# 5 alternating rounds; then that drafter in bf16 for vLLM on the CPU machine (14 MiB parts). speed_pass NAME DRAFTER
+# batch-1 speed on the QAD target (issue 35 item 9). First the drafter in bf16 for vLLM on the CPU machine (seconds;
+# 14 MiB parts, in the output of the call that made them; its own marker: an export cut by the deadline is redone by
+# the next call). Then the target's dense bf16 twin, CUDA graphs, 32 held-out prompts x 128 tokens, no eager rows:
+# unfused and fused (one graph a step) decoders in one run, then plain against the drafter in 5 alternating rounds on
+# the fused pair (XL_SPEED_MODES=fused: the fused decoders alone, ~1.5 min less). speed_pass NAME DRAFTER
 speed_pass() {
   local name=$1 drafter=$2
+  if [ ! -f $O/bf16-$name.done ]; then
+    timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) && \
+      tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part" && touch $O/bf16-$name.done
+  fi
   if [ ! -f $O/speed-$name.done ]; then
     ok 240 || return 0
     run speed-$name python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $(named_path $R 01_qad names twin) \
-      --dtype bfloat16 --data $R/00_data --drafter $name=$drafter --prompts 32 --new-tokens 128 --modes graphs --rounds 5 \
-      --out $O/speed-qad-$name.json && touch $O/speed-$name.done
-  fi
-  # the drafter in bf16, its own marker: an export cut by the deadline is redone by the next call
-  if [ -f $O/speed-$name.done ] && [ ! -f $O/bf16-$name.done ]; then
-    timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) && \
-      tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part" && touch $O/bf16-$name.done
+      --dtype bfloat16 --data $R/00_data --drafter $name=$drafter --prompts 32 --new-tokens 128 \
+      --modes ${XL_SPEED_MODES:-graphs,fused} --eager-prompts 0 --rounds 5 --out $O/speed-qad-$name.json && touch $O/speed-$name.done
   fi
   return 0
 }

@@ -64,9 +64,10 @@ def test_shared_acceptance_rule():
     assert emit_tokens(toks, [7, 7], None, 6) and len(toks) == 6            # budget
 
 
-def test_plain_fast_path_is_plain_greedy(tiny32):
+@pytest.mark.parametrize("fused", [False, True])
+def test_plain_fast_path_is_plain_greedy(tiny32, fused):
     target, tok = tiny32
-    with FastDecoder(target, None, max_len=128) as fd:
+    with FastDecoder(target, None, max_len=128, fused=fused) as fd:
         for text in PROMPTS:
             p = prompt_ids(tok, text)
             ref = target.generate(torch.tensor([p]), max_new_tokens=N, do_sample=False, eos_token_id=None,
@@ -81,15 +82,18 @@ def test_plain_fast_path_is_plain_greedy(tiny32):
             assert fd.generate(p, 1).tokens == ref[:1]
 
 
-@pytest.mark.parametrize("B,schedule,window", [(4, [2], None), (5, [0, 3, 1, 4, 2], None), (6, [5, 0, 0, 4], 7)])
-def test_partial_acceptance_fast_equals_eager_and_plain(tiny32, B, schedule, window):
+@pytest.mark.parametrize("B,schedule,window,fused", [(4, [2], None, False), (5, [0, 3, 1, 4, 2], None, False),
+                                                     (6, [5, 0, 0, 4], 7, False), (5, [0, 3, 1, 4, 2], None, True),
+                                                     (6, [5, 0, 0, 4], 7, True)])
+def test_partial_acceptance_fast_equals_eager_and_plain(tiny32, B, schedule, window, fused):
     """A real (random) DFlash drafter whose final norm is the scheduled oracle: right for k positions, then wrong.
     The fast path is token-identical to plain greedy and to the eager decoder, accepts exactly k drafts per step as
     the eager decoder does, and its static drafter context (append by position, trim by mask, window by index)
-    gives the same drafter hidden states as the eager drafter's DraftCache at every step."""
+    gives the same drafter hidden states as the eager drafter's DraftCache at every step; the same with the draft,
+    the verify and the target's argmax in one call (``fused``)."""
     target, tok = tiny32
     drafter = new_drafter(target, 1, B, [0, 3], tok.mask_token_id, seed=B)
-    with FastDecoder(target, drafter, max_len=128, window=window) as fd:
+    with FastDecoder(target, drafter, max_len=128, window=window, fused=fused) as fd:
         for text in PROMPTS:
             p = prompt_ids(tok, text)
             plain, states = _target_states(target, p, N + B)
@@ -164,6 +168,24 @@ def test_steps_are_whole_graphs_without_recompiles(tiny32):
             p = prompt_ids(tok, text)
             assert fd.generate(p, 12).tokens == generate(target, p, 12, drafter).tokens
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()
+
+
+def test_fused_steps_are_one_graph_each(tiny32):
+    """``fused``: greedy speculative decoding traces one graph (draft, verify and the target's argmax), plain decoding
+    one (forward and argmax), without graph breaks or recompiles, and both give the unfused decoder's tokens."""
+    import torch._dynamo
+    target, tok = tiny32
+    drafter = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=1)
+    for d in (drafter, None):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        with torch._dynamo.config.patch(error_on_recompile=True), FastDecoder(
+                target, d, max_len=128, compile=True, compile_backend="eager", fullgraph=True, fused=True) as fd:
+            for text in PROMPTS:
+                p = prompt_ids(tok, text)
+                assert fd.generate(p, 12).tokens == generate(target, p, 12, d).tokens
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
 
 
@@ -303,3 +325,14 @@ def test_gpu_fast_decode_times_plain_against_the_drafter_in_alternating_rounds(t
     assert t["rounds"] == 3 and t["prompts"] == 2 and t["same_tokens"] == {"plain": True, "spec": True}
     assert t["speedup"]["median"] == pytest.approx(statistics.median(t["speedup_per_round"]))
     assert t["speedup"]["min"] <= t["speedup"]["median"] <= t["speedup"]["max"]
+    # the fused decoders (one call a step) beside the unfused ones, no eager rows, rounds on the fused pair
+    mod.main(["--device", "cpu", "--target", "tiny", "--dtype", "float32", "--drafter", "random", "--prompts", "2",
+              "--eager-prompts", "0", "--new-tokens", "12", "--modes", "fast,fused", "--rounds", "2", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["timing_mode"] == "fused" and r["timing"]["random"]["rounds"] == 2
+    assert "eager" not in r["plain"] and set(r["speculative"]["random"]) >= {"fast", "fused"}
+    fused, fast = r["speculative"]["random"]["fused"], r["speculative"]["random"]["fast"]
+    assert fused["vs_plain"]["mismatched_outputs"] == 0 and fused["tau"] == fast["tau"]
+    assert fused["draft_ms"] is None and fast["draft_ms"] > 0      # a fused step cannot be split
+    lo, hi = fused["speedup_ci95"]
+    assert lo <= fused["speedup"] <= hi

@@ -85,13 +85,16 @@ class PositionedCache(Cache):
 class FastDecoder:
     """Batch-1 decoder with static buffers (see the module docstring). ``compile=True`` wraps the plain, verify and
     draft steps in ``torch.compile(mode=compile_mode, dynamic=False)`` (CUDA graphs with the default
-    ``reduce-overhead``); off by default and meant for CUDA. ``window``: the drafter's context window in tokens
+    ``reduce-overhead``); off by default and meant for CUDA. ``fused``: greedy decoding runs each step as one call, the
+    target's argmax inside it and, with a drafter, the draft and the verify in one graph (one launch and one host
+    round trip a step instead of two; the tokens are the same; ``generate`` then cannot split draft from verify
+    time and counts the whole step as verify). ``window``: the drafter's context window in tokens
     (default: the drafter config's ``swa_window_size`` when ``use_swa``, else none). ``max_len`` bounds prompt +
     new tokens + one block. Call ``close()`` (or use ``with``) to remove the hooks from the target."""
 
     def __init__(self, target, drafter: DFlashDraftModel | None = None, max_len: int = 1024,
                  window: int | None = None, compile: bool = False, compile_mode: str = "reduce-overhead",
-                 compile_backend: str = "inductor", fullgraph: bool = False):
+                 compile_backend: str = "inductor", fullgraph: bool = False, fused: bool = False):
         check_plain_attention(target)
         p = next(target.parameters())
         self.target, self.drafter, self.device, self.max_len = target, drafter, p.device, int(max_len)
@@ -118,6 +121,8 @@ class FastDecoder:
         self._plain = wrap(self._plain_step)
         self._verify = wrap(self._verify_step)
         self._draft = wrap(self._draft_step) if drafter is not None else None
+        self.fused = bool(fused)       # torch.compile is lazy: the fused steps compile only when generate uses them
+        self._row = wrap(self._spec_row_step if drafter is not None else self._plain_row_step) if fused else None
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _init_drafter(self, d: DFlashDraftModel, window: int | None) -> None:
@@ -178,6 +183,14 @@ class FastDecoder:
         if self.drafter is not None:
             self.feats.copy_(self._features())          # the block's target features, for the next draft step
         return logits
+
+    def _plain_row_step(self) -> torch.Tensor:
+        return self._plain_step().argmax(-1)
+
+    def _spec_row_step(self) -> torch.Tensor:
+        """Draft, verify and the target's greedy tokens in one call: [drafts (B-1), target tokens (B)]."""
+        self._draft_step()
+        return torch.cat([self.ids[0, 1:], self._verify_step().argmax(-1)])
 
     def _write_context(self, feats: torch.Tensor, pos0: torch.Tensor) -> None:
         """Drafter context K/V of ``feats`` [1, n, n_t*H] at positions ``[pos0, pos0 + n)`` (by index)."""
@@ -263,6 +276,9 @@ class FastDecoder:
             if self._draft is not None:
                 self.dpos[0].fill_(start)
                 self.dpos[1].fill_(prev)
+            if self._row is not None and temperature <= 0:
+                row = self._row().tolist()                              # the one device -> host read of the step
+            elif self._draft is not None:
                 self._draft()
                 if split_timing:
                     sync(self.device)
@@ -270,10 +286,9 @@ class FastDecoder:
                     res.draft_time_s += t1 - t0
                     t0 = t1
                 logits = self._verify()
+                row = torch.cat([self.ids[0, 1:], sample_tokens(logits, temperature, gen)]).tolist()
             else:
-                logits = self._plain()
-            post_t = sample_tokens(logits, temperature, gen)
-            row = torch.cat([self.ids[0, 1:], post_t]).tolist()     # the one device -> host read of the step
+                row = sample_tokens(self._plain(), temperature, gen).tolist()
             acc, new = accept_drafts([x] + row[: B - 1], row[B - 1:])
             res.verify_time_s += time.perf_counter() - t0
             res.accept_lengths.append(acc + 1)
