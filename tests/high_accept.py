@@ -9,7 +9,8 @@ context (a window one token too short, the wrong target layers) loses whole posi
 ``build(out)`` (~20 s on 2 CPU cores) writes the trained target (HF checkpoint with the tiny tokenizer, loadable by
 vLLM) and drafters: ``fp32`` (no window), ``w4a16`` (RTN INT4, group 32, compressed-tensors pack-quantized),
 ``w8a16`` (llmcompressor RTN INT8, the stage-04 function), ``swa5`` (trained with the window W=5: block position k
-sees the last 4-k context tokens) and returns their paths with held-out prompts.
+sees the last 4-k context tokens), ``vocab64`` (the fp32 drafter restricted to a 64-token draft vocabulary: the
+rule's 16 tokens and 48 others) with its vLLM export ``vocab64_vllm``, and returns their paths with held-out prompts.
 """
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def _train_drafter(target, window: int | None, seed: int):
 @torch.enable_grad()                  # the fixture trains, also when called under no_grad
 def build(out: str | Path) -> dict:
     """Build (or reuse, when ``out/fixture.json`` exists) the fixture under ``out``; see the module docstring."""
-    from qdflash.drafter import save_drafter
+    from qdflash.drafter import export_draft_vocab_for_vllm, save_drafter, set_draft_vocab
     from qdflash.drafter_quant import rtn_w8_drafter, save_packed_drafter
     from qdflash.models import load_model
     from qdflash.quant import absmax_scale, fake_quant
@@ -118,6 +119,10 @@ def build(out: str | Path) -> dict:
     paths["w4a16"] = str(save_packed_drafter(d4, scales, 4, 32, out / "drafter-w4a16"))
     paths["w8a16"] = str(rtn_w8_drafter(paths["fp32"], 32, out / "drafter-w8a16"))
     paths["swa5"] = str(save_drafter(_train_drafter(target, SWA, 1), out / "drafter-swa5"))
+    vocab = list(range(48)) + list(range(BASE, BASE + VOCAB))        # draft index != token id: d2t offsets matter
+    paths["vocab64"] = str(save_drafter(set_draft_vocab(copy.deepcopy(full), vocab), out / "drafter-vocab64"))
+    paths["vocab64_vllm"] = str(export_draft_vocab_for_vllm(paths["vocab64"], target.get_output_embeddings().weight,
+                                                            out / "drafter-vocab64-vllm"))
     prompts = [s[:40] for s in sequences(8, 40, 4)]
     res = {"paths": paths, "prompts": prompts, "target_accuracy": acc, "window": SWA, "block_size": B}
     meta.write_text(json.dumps(res))

@@ -1,3 +1,4 @@
+import json
 import torch
 import pytest
 
@@ -430,16 +431,37 @@ def test_draft_vocabulary_batch_drops_labels_it_cannot_propose():
     assert torch.equal(red["labels"][sup], t2d[full["labels"][sup]])
 
 
-def test_vllm_refuses_a_reduced_vocabulary_drafter(tmp_path, tiny_target):
-    from qdflash.drafter import set_draft_vocab
+def test_vllm_serves_a_reduced_vocabulary_drafter_only_exported(tmp_path, tiny_target):
+    """This package's reduced-vocabulary checkpoint (``d2t`` = token ids) is refused for vLLM; its export
+    (``export_draft_vocab_for_vllm``) carries vLLM's form: offsets with ids = arange + d2t, the target's lm_head rows of
+    those ids as the drafter's own head, the top-level size, every other tensor unchanged; the loader refuses the
+    export, and a whole-vocabulary drafter needs none. (vLLM serving the export: tests/test_high_accept.py.)"""
+    from safetensors.torch import load_file
+
+    from qdflash.drafter import export_draft_vocab_for_vllm, load_drafter, set_draft_vocab
     from qdflash.vllm_jobs import check_servable_drafter
     target, tok = tiny_target
     d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id)
     save_drafter(d, tmp_path / "full")
     check_servable_drafter(str(tmp_path / "full"))
-    save_drafter(set_draft_vocab(d, range(100)), tmp_path / "reduced")
+    head = target.get_output_embeddings().weight
+    with pytest.raises(ValueError, match="whole vocabulary"):
+        export_draft_vocab_for_vllm(tmp_path / "full", head, tmp_path / "full-vllm")
+    ids = list(range(5, 200, 3))
+    save_drafter(set_draft_vocab(d, ids), tmp_path / "reduced")
     with pytest.raises(ValueError, match="draft vocabulary"):
         check_servable_drafter(str(tmp_path / "reduced"))
+    out = export_draft_vocab_for_vllm(tmp_path / "reduced", head, tmp_path / "reduced-vllm")
+    check_servable_drafter(str(out))
+    src, got = load_file(tmp_path / "reduced" / "model.safetensors"), load_file(out / "model.safetensors")
+    n = len(ids)
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == n
+    assert torch.equal(torch.arange(n) + got["d2t"], torch.tensor(ids)) and bool((got["d2t"] != 0).all())
+    assert torch.equal(got["lm_head.weight"], head[ids].to(got["lm_head.weight"].dtype))
+    assert set(got) == set(src) | {"lm_head.weight"}
+    assert all(torch.equal(got[k], v) for k, v in src.items() if k != "d2t")
+    with pytest.raises(ValueError, match="vLLM export"):
+        load_drafter(out)
 
 
 def test_head_logits_is_the_linear_head_in_either_order():

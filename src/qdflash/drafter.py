@@ -372,6 +372,48 @@ def save_drafter(drafter: DFlashDraftModel, out_dir: str | Path, extra: dict | N
     return out_dir
 
 
+def export_draft_vocab_for_vllm(src: str | Path, target_lm_head: torch.Tensor, dst: str | Path) -> Path:
+    """A saved drafter with a reduced draft vocabulary (``set_draft_vocab``), rewritten as vLLM's DFlash model reads
+    one (vllm 0.32 ``qwen3_dflash``, EAGLE-3's convention): the top-level ``draft_vocab_size``, the draft vocabulary's
+    rows of the target's lm_head as the drafter's own ``lm_head.weight``, and ``d2t`` as offsets (draft index i is
+    target token i + d2t[i]; this package keeps the token ids themselves). Every other file and tensor (packed INT4
+    weights included) is copied unchanged. The result is for vLLM only: ``load_drafter`` refuses it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    src, dst = Path(src), Path(dst)
+    cfg = json.loads((src / "config.json").read_text())
+    n = int((cfg.get("dflash_config") or {}).get("draft_vocab_size") or 0)
+    if not n:
+        raise ValueError(f"{src} has the target's whole vocabulary: vLLM serves it as it is, no export needed")
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    files = sorted(tmp.glob("*.safetensors"))
+    found = False
+    for f in files:
+        state = load_file(f)
+        if "d2t" in state:
+            ids = state["d2t"].long()
+            if ids.numel() != n or int(ids.max()) >= target_lm_head.shape[0]:
+                raise ValueError(f"{src}: d2t has {ids.numel()} ids (config: {n}) or an id beyond the target's "
+                                 f"{target_lm_head.shape[0]} rows")
+            dtype = next((v.dtype for k, v in state.items() if v.is_floating_point() and k.endswith("norm.weight")),
+                         target_lm_head.dtype)
+            state["d2t"] = ids - torch.arange(n)
+            state["lm_head.weight"] = target_lm_head.detach().index_select(0, ids.to(target_lm_head.device)) \
+                .to("cpu", dtype).contiguous()
+            save_file(state, f, metadata={"format": "pt"})
+            found = True
+    if not found:
+        raise ValueError(f"{src}: no d2t tensor in {[f.name for f in files]}")
+    cfg["draft_vocab_size"] = n
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+    return dst
+
+
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlashDraftModel:
     path = Path(path)
     if not (path / "config.json").exists():
@@ -379,6 +421,8 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32) -> DFlash
     cfg = json.loads((path / "config.json").read_text())
     if "DFlashDraftModel" not in (cfg.get("architectures") or []) or "dflash_config" not in cfg:
         raise ValueError(f"{path} is not a DFlash drafter (architectures={cfg.get('architectures')})")
+    if cfg.get("draft_vocab_size"):
+        raise ValueError(f"{path} is a vLLM export (export_draft_vocab_for_vllm: d2t as offsets); load its source")
     if cfg.get("quantization_config"):
         return load_quantized_drafter(path, dtype)
     return DFlashDraftModel.from_pretrained(path, dtype=dtype).eval()

@@ -48,15 +48,18 @@ def all_cores_env() -> dict:
 
 
 def check_servable_drafter(drafter: str | None) -> None:
-    """vLLM's ``dflash`` method scores the target's whole vocabulary: a drafter with a reduced draft vocabulary
-    (``drafter.set_draft_vocab``) would propose wrong tokens there, so it is refused in one line."""
+    """vLLM's ``dflash`` model reads a reduced draft vocabulary in EAGLE-3's form (top-level ``draft_vocab_size``,
+    its own ``lm_head``, ``d2t`` as offsets); a drafter saved by this package keeps the token ids themselves in
+    ``d2t`` and would propose wrong tokens there, so it is refused in one line until exported
+    (``drafter.export_draft_vocab_for_vllm``)."""
     if not drafter:
         return
     cfg_path = Path(drafter) / "config.json"
-    dc = (json.loads(cfg_path.read_text()).get("dflash_config") or {}) if cfg_path.exists() else {}
-    if dc.get("draft_vocab_size"):
-        raise ValueError(f"{drafter} has a reduced draft vocabulary ({dc['draft_vocab_size']} tokens), which vLLM's "
-                         "dflash method does not read; serve a full-vocabulary drafter (draft_vocab=0)")
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    n = (cfg.get("dflash_config") or {}).get("draft_vocab_size")
+    if n and cfg.get("draft_vocab_size") != n:
+        raise ValueError(f"{drafter} has a reduced draft vocabulary ({n} tokens) in this package's form; export it "
+                         "for vLLM first (qdflash.drafter.export_draft_vocab_for_vllm)")
 
 
 def job_in_subprocess(job: dict, work: Path, name: str, extra_env: dict | None = None, timeout: int = 900,
