@@ -23,8 +23,9 @@ graph, ``FastDecoder(fused=True)``; on the CPU without compile, a smoke check). 
   expected from near-ties; each one is reported with its first position and the target's top-1/top-2 logit gap there.
 
 Eager runs are slow on a GPU (Python-bound), so they use the first ``--eager-prompts`` prompts only (0: none).
-``--rounds N`` then times plain against each drafter in the ``--reference`` mode in N alternating rounds on the
-decoders already warmed up (median and range of the per-round speedup). Writes JSON with the command, the git SHA and
+``--rounds N`` then times plain against each drafter in the ``--headline-mode`` (``headline.reference_mode``) in N
+alternating rounds on the decoders already warmed up (median and range of the per-round speedup), each drafter's
+right after its own pass. Writes JSON with the command, the git SHA and
 the environment.
 """
 from __future__ import annotations
@@ -195,11 +196,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eager-prompts", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--window", type=int, default=None, help="drafter context window (default: drafter config)")
-    ap.add_argument("--bandwidth-tbs", type=float, default=4.8)
+    ap.add_argument("--bandwidth-tbs", type=float, default=None,
+                    help="memory bandwidth for the floor (default: by the GPU's name, H100 3.35, H200 4.8 TB/s)")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--modes", default="fast,graphs", help="static-cache modes to run, of fast, graphs, fused "
                     "(eager runs on --eager-prompts); graphs or fused alone fits a short device call")
-    ap.add_argument("--reference", default=None, help="the mode of the headline and of --rounds (default: fused, "
+    ap.add_argument("--headline-mode", default=None, help="the mode of the headline and of --rounds (default: fused, "
                     "else graphs, else fast, of those run)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=0, help="then time plain against each drafter in this many rounds, "
@@ -237,6 +239,11 @@ def main(argv: list[str] | None = None) -> dict:
     max_len = max(len(p) for p in prompts) + n + max_B + 8
 
     wbytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    if a.bandwidth_tbs is None:
+        name = res["device"]
+        a.bandwidth_tbs = 3.35 if "H100" in name else 4.8
+        res["notes"].append(f"floor at {a.bandwidth_tbs} TB/s, chosen by the device name ({name}; H100 SXM 3.35, "
+                            "H200 4.8, else 4.8): pass --bandwidth-tbs for another card")
     floor = a.bandwidth_tbs * 1e12 / wbytes
     res["weights"] = {"params": sum(p.numel() for p in target.parameters()), "bytes": wbytes,
                       "bandwidth_tbs": a.bandwidth_tbs, "floor_tokens_per_s": floor}
@@ -267,10 +274,13 @@ def main(argv: list[str] | None = None) -> dict:
     modes = ({"fast": (False, False)} if "fast" in wanted or not graphs else {}) | (
         {"graphs": (True, False)} if graphs and "graphs" in wanted else {}) | (
         {"fused": (graphs, True)} if "fused" in wanted else {})
-    ref_mode = a.reference or next(m for m in ("fused", "graphs", "fast") if m in modes)
+    ref_mode = a.headline_mode or next(m for m in ("fused", "graphs", "fast") if m in modes)
     if ref_mode not in modes:
-        ap.error(f"--reference {ref_mode} is not among the modes run ({', '.join(modes)})")
-    kept: dict[str, FastDecoder] = {}          # the reference mode's warmed-up decoders, for --rounds
+        ap.error(f"--headline-mode {ref_mode} is not among the modes run ({', '.join(modes)})")
+    res["headline"] = {"reference_mode": ref_mode}     # completed at the end; a cut run's JSON names its mode too
+    # the headline mode's warmed-up plain decoder, for --rounds (a plain decoder installs no hooks on the target; each
+    # drafter's decoder is timed and closed right after its own pass, so no parked hooks reach later graphs)
+    kept: dict[str, FastDecoder] = {}
     plain_runs: dict[str, list[GenResult]] = {}
     for mode, (compiled, fused) in modes.items():
         fd, warm = fast_decoder(None, compiled, fused=fused)
@@ -322,6 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
                 kept[name] = fd
             else:
                 fd.close()
+            # (the kept one is timed below and closed before the next drafter's decoders are built)
             st = summarize(runs, True) | {"warmup_s": warm}
             st["vs_plain"] = compare(target, prompts, plain_runs[mode], runs)
             st["speedup"] = st["tokens_per_s"] / plain[mode]["tokens_per_s"]
@@ -338,20 +349,20 @@ def main(argv: list[str] | None = None) -> dict:
             if st["tau"] >= 2.5:
                 st["goal_2x_at_tau_2p5"] = st["speedup"] >= 2.0
             out[mode] = st
+        if a.rounds:
+            res.setdefault("timing", {}).update(
+                timing_rounds(kept["plain"], {name: kept[name]}, prompts, n, a.rounds))
+            kept.pop(name).close()
         res["speculative"][name] = out
         write_json(Path(a.out), res)                    # partial results survive a cut call
         print(name, json.dumps({m: {k: v for k, v in s.items() if not isinstance(v, dict)}
                                 for m, s in out.items() if isinstance(s, dict)}, indent=1), flush=True)
     if a.rounds:
-        res["timing"] = timing_rounds(kept["plain"], {k: v for k, v in kept.items() if k != "plain"}, prompts, n,
-                                      a.rounds)
-        res["timing_mode"] = ref_mode
-        for fd in kept.values():
-            fd.close()
+        kept.pop("plain").close()
         write_json(Path(a.out), res)
-        print(json.dumps({k: v["speedup"] for k, v in res["timing"].items()}, indent=1), flush=True)
+        print(json.dumps({k: v["speedup"] for k, v in res.get("timing", {}).items()}, indent=1), flush=True)
     res["wall_s"] = round(time.time() - t_start, 1)
-    res["headline"] = {"plain_tokens_per_s": {m: plain[m]["tokens_per_s"] for m in ["eager"] + list(modes) if m in plain},
+    res["headline"] |= {"plain_tokens_per_s": {m: plain[m]["tokens_per_s"] for m in ["eager"] + list(modes) if m in plain},
                        "floor_tokens_per_s": floor, "reference_mode": ref_mode,
                        "speculative": {k: {"tau": v[ref_mode]["tau"], "tokens_per_s": v[ref_mode]["tokens_per_s"],
                                            "speedup": v[ref_mode]["speedup"],

@@ -10,7 +10,8 @@ context (a window one token too short, the wrong target layers) loses whole posi
 vLLM) and drafters: ``fp32`` (no window), ``w4a16`` (RTN INT4, group 32, compressed-tensors pack-quantized),
 ``w8a16`` (llmcompressor RTN INT8, the stage-04 function), ``swa5`` (trained with the window W=5: block position k
 sees the last 4-k context tokens), ``vocab64`` (the fp32 drafter restricted to a 64-token draft vocabulary: the
-rule's 16 tokens and 48 others) with its vLLM export ``vocab64_vllm``, and returns their paths with held-out prompts.
+rule's 16 tokens and 48 others) with its vLLM export ``vocab64_vllm``, the same for the W4A16 drafter
+(``w4a16_vocab64``, packed, and ``w4a16_vocab64_vllm``), and returns their paths with held-out prompts.
 """
 from __future__ import annotations
 
@@ -121,8 +122,12 @@ def build(out: str | Path) -> dict:
     paths["swa5"] = str(save_drafter(_train_drafter(target, SWA, 1), out / "drafter-swa5"))
     vocab = list(range(48)) + list(range(BASE, BASE + VOCAB))        # draft index != token id: d2t offsets matter
     paths["vocab64"] = str(save_drafter(set_draft_vocab(copy.deepcopy(full), vocab), out / "drafter-vocab64"))
-    paths["vocab64_vllm"] = str(export_draft_vocab_for_vllm(paths["vocab64"], target.get_output_embeddings().weight,
-                                                            out / "drafter-vocab64-vllm"))
+    head = target.get_output_embeddings().weight
+    paths["vocab64_vllm"] = str(export_draft_vocab_for_vllm(paths["vocab64"], head, out / "drafter-vocab64-vllm"))
+    paths["w4a16_vocab64"] = str(save_packed_drafter(set_draft_vocab(copy.deepcopy(d4), vocab), scales, 4, 32,
+                                                     out / "drafter-w4a16-vocab64"))
+    paths["w4a16_vocab64_vllm"] = str(export_draft_vocab_for_vllm(paths["w4a16_vocab64"], head,
+                                                                  out / "drafter-w4a16-vocab64-vllm"))
     prompts = [s[:40] for s in sequences(8, 40, 4)]
     res = {"paths": paths, "prompts": prompts, "target_accuracy": acc, "window": SWA, "block_size": B}
     meta.write_text(json.dumps(res))

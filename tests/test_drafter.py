@@ -451,6 +451,8 @@ def test_vllm_serves_a_reduced_vocabulary_drafter_only_exported(tmp_path, tiny_t
     save_drafter(set_draft_vocab(d, ids), tmp_path / "reduced")
     with pytest.raises(ValueError, match="draft vocabulary"):
         check_servable_drafter(str(tmp_path / "reduced"))
+    with pytest.raises(ValueError, match="hidden size"):
+        export_draft_vocab_for_vllm(tmp_path / "reduced", head[:, :-1], tmp_path / "bad")
     out = export_draft_vocab_for_vllm(tmp_path / "reduced", head, tmp_path / "reduced-vllm")
     check_servable_drafter(str(out))
     src, got = load_file(tmp_path / "reduced" / "model.safetensors"), load_file(out / "model.safetensors")

@@ -44,6 +44,15 @@ class ScheduledOracleNorm(torch.nn.Module):
         return torch.stack([h[0, 0]] + rows)[None]
 
 
+def _fused_only(fd: FastDecoder) -> FastDecoder:
+    """``fd`` with its unfused steps made to raise: a greedy decode that does not take the fused step fails."""
+    def boom():
+        raise AssertionError("an unfused step ran")
+    fd._plain = fd._verify = boom
+    fd._draft = boom if fd._draft is not None else None
+    return fd
+
+
 def _target_states(target, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
     """Plain greedy continuation of ``prompt`` (n tokens) and the target's final hidden states over prompt + it."""
     plain = generate(target, prompt, n).tokens
@@ -68,6 +77,8 @@ def test_shared_acceptance_rule():
 def test_plain_fast_path_is_plain_greedy(tiny32, fused):
     target, tok = tiny32
     with FastDecoder(target, None, max_len=128, fused=fused) as fd:
+        if fused:
+            _fused_only(fd)
         for text in PROMPTS:
             p = prompt_ids(tok, text)
             ref = target.generate(torch.tensor([p]), max_new_tokens=N, do_sample=False, eos_token_id=None,
@@ -94,6 +105,8 @@ def test_partial_acceptance_fast_equals_eager_and_plain(tiny32, B, schedule, win
     target, tok = tiny32
     drafter = new_drafter(target, 1, B, [0, 3], tok.mask_token_id, seed=B)
     with FastDecoder(target, drafter, max_len=128, window=window, fused=fused) as fd:
+        if fused:
+            _fused_only(fd)
         for text in PROMPTS:
             p = prompt_ids(tok, text)
             plain, states = _target_states(target, p, N + B)
@@ -108,6 +121,20 @@ def test_partial_acceptance_fast_equals_eager_and_plain(tiny32, B, schedule, win
             assert len(seen_f) == len(seen_e) == len(eager.accept_lengths)
             for step, (hf, he) in enumerate(zip(seen_f, seen_e)):
                 torch.testing.assert_close(hf, he, atol=2e-5, rtol=1e-4, msg=f"drafter states differ at step {step}")
+
+
+def test_reduced_vocabulary_fused_equals_eager(tiny32):
+    """A drafter with a reduced draft vocabulary (its draft indices mapped to token ids inside the step) decodes in the
+    fused step as the eager decoder does (same tokens, same accept lengths)."""
+    from qdflash.drafter import set_draft_vocab
+    target, tok = tiny32
+    p = prompt_ids(tok, PROMPTS[1])
+    d = set_draft_vocab(new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=5), range(3, 380, 2))
+    with FastDecoder(target, d, max_len=128, fused=True) as fd:
+        fast = _fused_only(fd).generate(p, N)
+    eager = generate(target, p, N, d)
+    assert fast.tokens == eager.tokens == generate(target, p, N).tokens
+    assert fast.accept_lengths == eager.accept_lengths
 
 
 def test_window_changes_the_drafter_states(tiny32):
@@ -141,12 +168,13 @@ def test_random_drafter_fast_equals_eager(tiny32):
 
 def test_sampling_fast_equals_eager_under_the_same_seed(tiny32):
     """Temperature 0.7: the fast path samples from the same logits with the same generator and acceptance rule, so
-    under one seed it emits the eager decoder's tokens (plain and speculative)."""
+    under one seed it emits the eager decoder's tokens (plain and speculative; a fused decoder samples through its
+    unfused steps)."""
     target, tok = tiny32
     drafter = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id, seed=2)
     p = prompt_ids(tok, PROMPTS[0])
-    with FastDecoder(target, drafter, max_len=128) as fd, FastDecoder(target, None, max_len=128) as fp:
-        for seed in range(3):
+    with FastDecoder(target, drafter, max_len=128) as fd, FastDecoder(target, None, max_len=128, fused=True) as fp:
+        for seed in range(3):       # (fp: fused, which samples through the unfused steps)
             spec, ref = fd.generate(p, N, temperature=0.7, seed=seed), generate(target, p, N, drafter, 0.7, seed=seed)
             assert spec.tokens == ref.tokens and spec.accept_lengths == ref.accept_lengths
             assert fp.generate(p, N, temperature=0.7, seed=seed).tokens == generate(target, p, N, None, 0.7,
@@ -182,6 +210,7 @@ def test_fused_steps_are_one_graph_each(tiny32):
         torch._dynamo.utils.counters.clear()
         with torch._dynamo.config.patch(error_on_recompile=True), FastDecoder(
                 target, d, max_len=128, compile=True, compile_backend="eager", fullgraph=True, fused=True) as fd:
+            _fused_only(fd)
             for text in PROMPTS:
                 p = prompt_ids(tok, text)
                 assert fd.generate(p, 12).tokens == generate(target, p, 12, d).tokens
@@ -329,10 +358,15 @@ def test_gpu_fast_decode_times_plain_against_the_drafter_in_alternating_rounds(t
     mod.main(["--device", "cpu", "--target", "tiny", "--dtype", "float32", "--drafter", "random", "--prompts", "2",
               "--eager-prompts", "0", "--new-tokens", "12", "--modes", "fast,fused", "--rounds", "2", "--out", str(out)])
     r = json.loads(out.read_text())
-    assert r["timing_mode"] == "fused" and r["timing"]["random"]["rounds"] == 2
+    assert r["headline"]["reference_mode"] == "fused" and r["timing"]["random"]["rounds"] == 2
     assert "eager" not in r["plain"] and set(r["speculative"]["random"]) >= {"fast", "fused"}
     fused, fast = r["speculative"]["random"]["fused"], r["speculative"]["random"]["fast"]
     assert fused["vs_plain"]["mismatched_outputs"] == 0 and fused["tau"] == fast["tau"]
     assert fused["draft_ms"] is None and fast["draft_ms"] > 0      # a fused step cannot be split
     lo, hi = fused["speedup_ci95"]
     assert lo <= fused["speedup"] <= hi
+    # the report tables read a fused headline (no split times, no prediction) and list the fused plain path
+    from qdflash.gpu_results import plain_decode_table, spec_decode_table
+    assert list(plain_decode_table(out).index) == ["fast", "fused"]
+    row = spec_decode_table(out).loc["random"]
+    assert row["predicted"] in (None, "") and row["speedup"] == pytest.approx(fused["speedup"], abs=1e-3)

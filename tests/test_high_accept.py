@@ -37,7 +37,7 @@ def reference(fixture):
         st = acceptance_stats(res)
         return {"per_position": st["per_position"], "tau": st["tau"], "tokens": [r.tokens for r in res],
                 "accept_lengths": [r.accept_lengths for r in res], "drafter": d, "window": window}
-    for name in ("fp32", "w4a16", "w8a16", "swa5", "vocab64"):
+    for name in ("fp32", "w4a16", "w8a16", "swa5", "vocab64", "w4a16_vocab64"):
         out[name] = run(name)
     W = fixture["window"]
     for w in (W - 1, W + 1, 0):                     # 0: no window
@@ -49,7 +49,7 @@ def reference(fixture):
 
 def test_reference_acceptance_is_high_and_drops_when_the_context_is_wrong(fixture, reference):
     assert fixture["target_accuracy"] >= 0.98            # the target has learned the rule
-    for name in ("fp32", "w4a16", "w8a16", "swa5", "vocab64"):
+    for name in ("fp32", "w4a16", "w8a16", "swa5", "vocab64", "w4a16_vocab64"):
         assert reference[name]["tau"] >= 3.0, (name, reference[name]["tau"])
         assert reference[name]["tokens"] == reference["plain"]          # lossless
     W = fixture["window"]
@@ -71,7 +71,7 @@ def test_walk_gives_the_decoders_accept_lengths(fixture, reference):
     target, prompts = reference["target"], fixture["prompts"]
     walker = Walker(target, prompts, [GenResult(tokens=t) for t in reference["plain"]], None)
     names = [k for k in reference if "accept_lengths" in (reference[k] if isinstance(reference[k], dict) else {})]
-    assert len(names) == 10
+    assert len(names) == 11
     for name in names:
         ref = reference[name]
         walked = walker.walk(ref["drafter"], NEW, ref["window"])
@@ -116,6 +116,7 @@ def test_vllm_acceptance_matches_the_reference_per_position(fixture, reference, 
     runs = {name: (name, {}) for name in ("fp32", "w4a16", "w8a16", "swa5")}
     runs[f"swa5@{W + 1}"] = ("swa5", {"QDFLASH_DFLASH_SWA_WINDOW": str(W + 1)})
     runs["vocab64"] = ("vocab64_vllm", {})         # the reduced draft vocabulary, exported in vLLM's form
+    runs["w4a16_vocab64"] = ("w4a16_vocab64_vllm", {})     # the same, packed INT4 (vLLM's kernel)
     got = {}
     for key, (name, env) in runs.items():
         r = job_in_subprocess({**base, "drafter": p[name]}, tmp_path, key.replace("@", "-w"),

@@ -60,6 +60,9 @@ def missing_imports(script: Path) -> list[tuple[int, str]]:
     tree = ast.parse(script.read_text())
     skip, out = guarded(tree), []
     for n in ast.walk(tree):
+        if isinstance(n, ast.Import) and id(n) not in skip:      # import qdflash.x [as y]: the module must exist
+            out += [(n.lineno, f"{script.name}:{n.lineno} no module {a.name}") for a in n.names
+                    if a.name.split(".")[0] == "qdflash" and module_file(a.name) is None]
         if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == "qdflash" and n.level == 0 \
                 and id(n) not in skip:
             f = module_file(n.module)
@@ -77,10 +80,10 @@ def missing_imports(script: Path) -> list[tuple[int, str]]:
     return [m for _, m in sorted(out)]
 
 
-SCRIPTS = sorted([*(REPO / "benchmarks").glob("*.py"), *(REPO / "tools").glob("*.py")])
+SCRIPTS = sorted([*(REPO / "benchmarks").rglob("*.py"), *(REPO / "tools").rglob("*.py")])
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+@pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(REPO)) for p in SCRIPTS])
 def test_script_imports_exist(script):
     assert missing_imports(script) == []
 
@@ -90,6 +93,6 @@ def test_the_check_catches_a_moved_name(tmp_path):
     bad.write_text("def f():\n    from qdflash.serving import mismatch_causes\n"
                    "from qdflash.decode_stats import mismatch_causes, GenResult\nfrom qdflash.nowhere import x\n"
                    "try:\n    from qdflash.serving import old_name\nexcept ImportError:\n    pass\n"
-                   "from qdflash import serving, no_such_module\n")
+                   "from qdflash import serving, no_such_module\nimport qdflash.drafter as D, qdflash.gone\n")
     assert missing_imports(bad) == ["bad.py:2 qdflash.serving.mismatch_causes", "bad.py:4 no module qdflash.nowhere",
-                                    "bad.py:9 qdflash.no_such_module"]
+                                    "bad.py:9 qdflash.no_such_module", "bad.py:10 no module qdflash.gone"]

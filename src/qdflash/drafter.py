@@ -372,12 +372,17 @@ def save_drafter(drafter: DFlashDraftModel, out_dir: str | Path, extra: dict | N
     return out_dir
 
 
-def export_draft_vocab_for_vllm(src: str | Path, target_lm_head: torch.Tensor, dst: str | Path) -> Path:
+def export_draft_vocab_for_vllm(src: str | Path, target_lm_head: torch.Tensor, dst: str | Path,
+                                dtype: torch.dtype | None = None) -> Path:
     """A saved drafter with a reduced draft vocabulary (``set_draft_vocab``), rewritten as vLLM's DFlash model reads
     one (vllm 0.32 ``qwen3_dflash``, EAGLE-3's convention): the top-level ``draft_vocab_size``, the draft vocabulary's
     rows of the target's lm_head as the drafter's own ``lm_head.weight``, and ``d2t`` as offsets (draft index i is
     target token i + d2t[i]; this package keeps the token ids themselves). Every other file and tensor (packed INT4
-    weights included) is copied unchanged. The result is for vLLM only: ``load_drafter`` refuses it."""
+    weights included) is copied unchanged. The result is for vLLM only: ``load_drafter`` refuses it.
+
+    ``target_lm_head`` must be the lm_head of the target vLLM will serve: the export freezes its rows, where this
+    package's decoders read the serving target's head at every step. ``dtype``: of the exported head (default: that of
+    the drafter's norm weights, i.e. the dtype it was saved in)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -386,6 +391,9 @@ def export_draft_vocab_for_vllm(src: str | Path, target_lm_head: torch.Tensor, d
     n = int((cfg.get("dflash_config") or {}).get("draft_vocab_size") or 0)
     if not n:
         raise ValueError(f"{src} has the target's whole vocabulary: vLLM serves it as it is, no export needed")
+    if target_lm_head.dim() != 2 or target_lm_head.shape[1] != int(cfg["hidden_size"]):
+        raise ValueError(f"target lm_head {tuple(target_lm_head.shape)} does not match the drafter's hidden size "
+                         f"{cfg['hidden_size']}")
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
@@ -398,8 +406,8 @@ def export_draft_vocab_for_vllm(src: str | Path, target_lm_head: torch.Tensor, d
             if ids.numel() != n or int(ids.max()) >= target_lm_head.shape[0]:
                 raise ValueError(f"{src}: d2t has {ids.numel()} ids (config: {n}) or an id beyond the target's "
                                  f"{target_lm_head.shape[0]} rows")
-            dtype = next((v.dtype for k, v in state.items() if v.is_floating_point() and k.endswith("norm.weight")),
-                         target_lm_head.dtype)
+            dtype = dtype or next((v.dtype for k, v in state.items()
+                                   if v.is_floating_point() and k.endswith("norm.weight")), target_lm_head.dtype)
             state["d2t"] = ids - torch.arange(n)
             state["lm_head.weight"] = target_lm_head.detach().index_select(0, ids.to(target_lm_head.device)) \
                 .to("cpu", dtype).contiguous()

@@ -88,7 +88,7 @@ class FastDecoder:
     ``reduce-overhead``); off by default and meant for CUDA. ``fused``: greedy decoding runs each step as one call, the
     target's argmax inside it and, with a drafter, the draft and the verify in one graph (one launch and one host
     round trip a step instead of two; the tokens are the same; ``generate`` then cannot split draft from verify
-    time and counts the whole step as verify). ``window``: the drafter's context window in tokens
+    time and counts the whole step as verify); sampling (temperature > 0) keeps the unfused steps. ``window``: the drafter's context window in tokens
     (default: the drafter config's ``swa_window_size`` when ``use_swa``, else none). ``max_len`` bounds prompt +
     new tokens + one block. Call ``close()`` (or use ``with``) to remove the hooks from the target."""
 
@@ -121,8 +121,8 @@ class FastDecoder:
         self._plain = wrap(self._plain_step)
         self._verify = wrap(self._verify_step)
         self._draft = wrap(self._draft_step) if drafter is not None else None
-        self.fused = bool(fused)       # torch.compile is lazy: the fused steps compile only when generate uses them
-        self._row = wrap(self._spec_row_step if drafter is not None else self._plain_row_step) if fused else None
+        # torch.compile is lazy: the fused step compiles only when generate uses it (greedy decoding)
+        self._fused = wrap(self._fused_spec_step if drafter is not None else self._fused_plain_step) if fused else None
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _init_drafter(self, d: DFlashDraftModel, window: int | None) -> None:
@@ -184,10 +184,10 @@ class FastDecoder:
             self.feats.copy_(self._features())          # the block's target features, for the next draft step
         return logits
 
-    def _plain_row_step(self) -> torch.Tensor:
+    def _fused_plain_step(self) -> torch.Tensor:
         return self._plain_step().argmax(-1)
 
-    def _spec_row_step(self) -> torch.Tensor:
+    def _fused_spec_step(self) -> torch.Tensor:
         """Draft, verify and the target's greedy tokens in one call: [drafts (B-1), target tokens (B)]."""
         self._draft_step()
         return torch.cat([self.ids[0, 1:], self._verify_step().argmax(-1)])
@@ -276,8 +276,8 @@ class FastDecoder:
             if self._draft is not None:
                 self.dpos[0].fill_(start)
                 self.dpos[1].fill_(prev)
-            if self._row is not None and temperature <= 0:
-                row = self._row().tolist()                              # the one device -> host read of the step
+            if self._fused is not None and temperature <= 0:
+                row = self._fused().tolist()                            # the one device -> host read of the step
             elif self._draft is not None:
                 self._draft()
                 if split_timing:

@@ -20,23 +20,29 @@ def plain_decode_table(path: str | Path) -> pd.DataFrame:
     near-ties)."""
     p = json.loads(Path(path).read_text())["plain"]
     rows = []
-    for mode in ("eager", "fast", "graphs"):
+    for mode in ("eager", "fast", "graphs", "fused"):
         if mode not in p:
             continue
         m = p[mode]
         vs = m.get("vs_eager_plain")
+        lb = p["launch_bound_tokens_per_s"].get(mode)
         rows.append({"path": mode, "prompts": m["prompts"], "tok/s": round(m["tokens_per_s"], 1),
                      "ms/token": round(m["step_ms"], 2), "of floor": f"{m['fraction_of_floor']:.2%}",
-                     "launch-bound tok/s": round(p["launch_bound_tokens_per_s"][mode]),
+                     "launch-bound tok/s": round(lb) if lb is not None else "-",
                      "differs from eager": f"{vs['mismatched_outputs']}/{vs['of']}" if vs else "-"})
     return pd.DataFrame(rows).set_index("path")
 
 
+def _round_or_none(x, nd: int):
+    return None if x is None else round(x, nd)
+
+
 def spec_decode_table(path: str | Path) -> pd.DataFrame:
-    """Batch-1 speculative decoding per drafter on the CUDA-graph path (``benchmarks/gpu_fast_decode.py``): tau with
-    its interval over prompts, tokens/s, speedup over plain graphs decoding in the same run, the speedup the measured
-    step times predict (tau x t_plain / (t_draft + t_verify)), the drafter's share of a step, and outputs that differ
-    from plain greedy (bf16: near-ties flipped by the B-token verify shape)."""
+    """Batch-1 speculative decoding per drafter on the headline path (``benchmarks/gpu_fast_decode.py``: CUDA graphs,
+    or the fused one-call step): tau with its interval over prompts, tokens/s, speedup over plain decoding on the same
+    path in the same run, the speedup the measured step times predict (tau x t_plain / (t_draft + t_verify); none for
+    a fused step, which cannot be split), the drafter's share of a step, and outputs that differ from plain greedy
+    (bf16: near-ties flipped by the B-token verify shape)."""
     r = json.loads(Path(path).read_text())
     mode = r["headline"]["reference_mode"]
     rows = [{"drafter": "(plain)", "tau": 1.0, "tok/s": round(r["plain"][mode]["tokens_per_s"], 1),
@@ -47,8 +53,8 @@ def spec_decode_table(path: str | Path) -> pd.DataFrame:
         rows.append({"drafter": name, "tau": round(m["tau"], 3),
                      "tau 95% CI (prompts)": "–".join(f"{x:.3f}" for x in m["tau_ci95"]),
                      "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(m["step_ms"], 2),
-                     "draft ms": round(m["draft_ms"], 3), "verify ms": round(m["verify_ms"], 3),
-                     "speedup": round(m["speedup"], 3), "predicted": round(m["predicted_speedup"], 3),
+                     "draft ms": _round_or_none(m["draft_ms"], 3), "verify ms": _round_or_none(m["verify_ms"], 3),
+                     "speedup": round(m["speedup"], 3), "predicted": _round_or_none(m["predicted_speedup"], 3),
                      "differs from plain": f"{vs['mismatched_outputs']}/{vs['of']}",
                      "max logit gap there": max((d["top1_top2_logit_gap"] for d in vs["divergences"]), default=None)})
     return pd.DataFrame(rows).set_index("drafter").astype(object).fillna("")
