@@ -163,24 +163,18 @@ def decode(fn, prompts, n_new: int) -> list[GenResult]:
     return [fn(p, n_new) for p in prompts]
 
 
-def timing_rounds(plain_fd, spec_fds: dict, prompts, n: int, rounds: int) -> dict:
-    """Plain (``plain_fd``) against each drafter's decoder (``spec_fds``, name -> FastDecoder), all warmed up, in
-    ``rounds`` rounds, the order alternating from round to round (``serving.interleaved_timing_jobs``), each round
-    decoding every prompt: tokens/s per side and the per-round speedup's median and range
-    (``serving.timing_summary``)."""
+def timing_rounds(plain_fd: FastDecoder, spec_fd: FastDecoder, prompts, n: int, rounds: int) -> dict:
+    """Plain (``plain_fd``) against one drafter's decoder (``spec_fd``), both warmed up, in ``rounds`` rounds, the
+    order alternating from round to round (``serving.interleaved_timing_jobs``), each round decoding every prompt:
+    tokens/s per side and the per-round speedup's median and range (``serving.timing_summary``)."""
     from qdflash.serving import interleaved_timing_jobs, timing_summary
-    out = {}
-    for name, spec_fd in spec_fds.items():
-        fds = {"plain": plain_fd, "spec": spec_fd}
-        results = {}
-        for job, side in interleaved_timing_jobs({"side": "plain"}, {"side": "spec"}, rounds).items():
-            runs = [fds[side["side"]].generate(p, n, split_timing=False) for p in prompts]
-            st = summarize(runs, False)
-            results[job] = {"output_tokens_per_s": st["tokens_per_s"], "tokens": [r.tokens for r in runs]}
-        summary = timing_summary(results)
-        summary["prompts"] = len(prompts)
-        out[name] = summary
-    return out
+    fds = {"plain": plain_fd, "spec": spec_fd}
+    results = {}
+    for job, side in interleaved_timing_jobs({"side": "plain"}, {"side": "spec"}, rounds).items():
+        runs = [fds[side["side"]].generate(p, n, split_timing=False) for p in prompts]
+        st = summarize(runs, False)
+        results[job] = {"output_tokens_per_s": st["tokens_per_s"], "tokens": [r.tokens for r in runs]}
+    return timing_summary(results) | {"prompts": len(prompts)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -280,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
     res["headline"] = {"reference_mode": ref_mode}     # completed at the end; a cut run's JSON names its mode too
     # the headline mode's warmed-up plain decoder, for --rounds (a plain decoder installs no hooks on the target; each
     # drafter's decoder is timed and closed right after its own pass, so no parked hooks reach later graphs)
-    kept: dict[str, FastDecoder] = {}
+    plain_kept: FastDecoder | None = None
     plain_runs: dict[str, list[GenResult]] = {}
     for mode, (compiled, fused) in modes.items():
         fd, warm = fast_decoder(None, compiled, fused=fused)
@@ -289,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         if eager_plain:
             plain[mode]["vs_eager_plain"] = compare(target, eager_prompts, eager_plain, plain_runs[mode])
         if mode == ref_mode and a.rounds:
-            kept["plain"] = fd
+            plain_kept = fd
         else:
             fd.close()
     lt = res["launch"]
@@ -328,11 +322,9 @@ def main(argv: list[str] | None = None) -> dict:
             runs = [fd.generate(p, n, split_timing=False) for p in prompts]
             # a fused step cannot be split: draft and verify times come from the unfused modes
             split = None if fused else [fd.generate(p, n, split_timing=True) for p in prompts]
-            if mode == ref_mode and a.rounds:
-                kept[name] = fd
-            else:
-                fd.close()
-            # (the kept one is timed below and closed before the next drafter's decoders are built)
+            if mode == ref_mode and a.rounds:       # its rounds, on this warmed-up decoder, before it is closed
+                res.setdefault("timing", {})[name] = timing_rounds(plain_kept, fd, prompts, n, a.rounds)
+            fd.close()
             st = summarize(runs, True) | {"warmup_s": warm}
             st["vs_plain"] = compare(target, prompts, plain_runs[mode], runs)
             st["speedup"] = st["tokens_per_s"] / plain[mode]["tokens_per_s"]
@@ -349,16 +341,12 @@ def main(argv: list[str] | None = None) -> dict:
             if st["tau"] >= 2.5:
                 st["goal_2x_at_tau_2p5"] = st["speedup"] >= 2.0
             out[mode] = st
-        if a.rounds:
-            res.setdefault("timing", {}).update(
-                timing_rounds(kept["plain"], {name: kept[name]}, prompts, n, a.rounds))
-            kept.pop(name).close()
         res["speculative"][name] = out
         write_json(Path(a.out), res)                    # partial results survive a cut call
         print(name, json.dumps({m: {k: v for k, v in s.items() if not isinstance(v, dict)}
                                 for m, s in out.items() if isinstance(s, dict)}, indent=1), flush=True)
     if a.rounds:
-        kept.pop("plain").close()
+        plain_kept.close()
         write_json(Path(a.out), res)
         print(json.dumps({k: v["speedup"] for k, v in res.get("timing", {}).items()}, indent=1), flush=True)
     res["wall_s"] = round(time.time() - t_start, 1)

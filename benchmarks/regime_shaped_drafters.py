@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -30,12 +29,10 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab", type=int, default=8192)
     a = ap.parse_args()
-    from safetensors.torch import load_file, save_file
-
     from qdflash.config import DrafterConfig, load_config
     from qdflash.data import load_split
     from qdflash.drafter import (export_draft_vocab_for_vllm, load_drafter, most_frequent_tokens, new_drafter,
-                                 save_drafter)
+                                 save_drafter, set_draft_vocab)
     from qdflash.drafter_quant import _linears, observer_scales, quant_args, save_packed_drafter
     from qdflash.models import load_model, load_tokenizer, mask_token_id
     from qdflash.quant import dequantize, quantize_ints
@@ -55,15 +52,9 @@ def main() -> int:
     used, _ = most_frequent_tokens(load_split(Path(a.runs) / "00_data", "train"), a.vocab)
     used = set(used)
     ids = sorted(used | set([t for t in range(target.config.vocab_size) if t not in used][: a.vocab - len(used)]))
-    v8 = out / "drafter-random-L4-b8-w4a16-g32-v8k"          # this package's form: d2t = the token ids
-    shutil.rmtree(v8, ignore_errors=True)
-    shutil.copytree(w4, v8)
-    state = load_file(v8 / "model.safetensors")
-    state["d2t"] = torch.tensor(ids, dtype=torch.long)
-    save_file(state, v8 / "model.safetensors", metadata={"format": "pt"})
-    c = json.loads((v8 / "config.json").read_text())
-    c["dflash_config"]["draft_vocab_size"] = len(ids)
-    (v8 / "config.json").write_text(json.dumps(c, indent=2))
+    # this package's form (d2t = the token ids), packed as the W4A16 one, then vLLM's form
+    v8 = save_packed_drafter(set_draft_vocab(d, ids), scales, 4, 32, out / "drafter-random-L4-b8-w4a16-g32-v8k",
+                             {"note": "random weights on a W4A16 RTN grid (group 32), an 8K draft vocabulary"})
     vllm = export_draft_vocab_for_vllm(v8, target.get_output_embeddings().weight, v8.with_name(v8.name + "-vllm"))
     print(json.dumps({"bf16": str(bf16), "w4a16": str(w4), "w4a16_v8k_vllm": str(vllm), "answer_tokens": len(used),
                       "draft_vocab": len(ids)}, indent=1))

