@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 import torch
 import pytest
 
@@ -464,6 +465,41 @@ def test_vllm_serves_a_reduced_vocabulary_drafter_only_exported(tmp_path, tiny_t
     assert all(torch.equal(got[k], v) for k, v in src.items() if k != "d2t")
     with pytest.raises(ValueError, match="vLLM export"):
         load_drafter(out)
+
+
+def test_stage05_serves_a_reduced_vocabulary_drafter_as_its_export_for_each_target(tmp_path, tiny_target):
+    """``serving.served_drafter`` (stage 05's choice of what vLLM loads): a whole-vocabulary drafter as it is; a reduced
+    one as its export carrying *that* target's lm_head rows (two targets with different heads get two exports), made
+    once and reused; an export passes through."""
+    from safetensors.torch import load_file
+
+    from qdflash.drafter import set_draft_vocab
+    from qdflash.models import load_model, resolve_target
+    from qdflash.serving import served_drafter
+    target, tok = tiny_target
+    d = new_drafter(target, 1, 4, [0, 3], tok.mask_token_id)
+    full = str(save_drafter(d, tmp_path / "full"))
+    t1 = resolve_target("tiny")
+    assert served_drafter(full, t1, tmp_path) == full
+    t2 = tmp_path / "other-target"                  # the same model with another head (as a QAD target has)
+    m = load_model(t1, "float32", "cpu")
+    with torch.no_grad():
+        m.get_output_embeddings().weight.mul_(-2.0)
+    m.config.tie_word_embeddings = False
+    m.save_pretrained(t2)
+    ids = list(range(7, 300, 5))
+    red = str(save_drafter(set_draft_vocab(d, ids), tmp_path / "reduced"))
+    heads = {}
+    e1, e2 = served_drafter(red, t1, tmp_path, heads), served_drafter(red, str(t2), tmp_path, heads)
+    assert e1 != e2 and set(heads) == {t1, str(t2)}
+    h1 = load_model(t1, "float32", "cpu").get_output_embeddings().weight
+    for e, h in ((e1, h1), (e2, -2.0 * h1)):
+        got = load_file(f"{e}/model.safetensors")
+        assert torch.equal(got["lm_head.weight"].float(), h[ids].to(got["lm_head.weight"].dtype).float())
+        assert torch.equal(torch.arange(len(ids)) + got["d2t"], torch.tensor(ids))
+    stamp = (Path(e1) / "model.safetensors").stat().st_mtime_ns
+    assert served_drafter(red, t1, tmp_path, heads) == e1 and (Path(e1) / "model.safetensors").stat().st_mtime_ns == stamp
+    assert served_drafter(e1, t1, tmp_path) == e1
 
 
 def test_head_logits_is_the_linear_head_in_either_order():

