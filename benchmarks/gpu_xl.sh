@@ -100,12 +100,16 @@ variant_02() {
 # the next call). Then the target's dense bf16 twin, CUDA graphs, 32 held-out prompts x 128 tokens, no eager rows:
 # unfused and fused (one graph a step) decoders in one run, then plain against the drafter in 5 alternating rounds on
 # the fused pair (XL_SPEED_MODES=fused: the fused decoders alone, ~1.5 min less). speed_pass NAME DRAFTER
-speed_pass() {
+export_bf16() {  # NAME DRAFTER: the drafter in bf16 parts under $DEV_OUT, once (its marker)
   local name=$1 drafter=$2
   if [ ! -f $O/bf16-$name.done ]; then
     timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) && \
       tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part" && touch $O/bf16-$name.done
   fi
+}
+speed_pass() {
+  local name=$1 drafter=$2
+  export_bf16 $name $drafter
   if [ ! -f $O/speed-$name.done ]; then
     ok 240 || return 0
     run speed-$name python3 benchmarks/gpu_fast_decode.py --device ${SPEED_DEVICE:-cuda} --target $(named_path $R 01_qad names twin) \
@@ -143,6 +147,8 @@ if done_ 00_data; then
       --prompts ${XL_V02_PROMPTS:-64} --new ${XL_V02_NEW:-128} --walk && echo "$XL_V02" > $O/tau-v02.list
   fi
   done_ 02_drafter_pretrain || { ok && stage 02_drafter_pretrain ${XL_02:-}; }   # XL_02="--set epochs=1"
+  # XL_SPEED=pretrain: the drafter comes back in bf16 as soon as it exists (before the passes a deadline may cut)
+  [ "${XL_SPEED:-}" = pretrain ] && done_ 02_drafter_pretrain && export_bf16 pretrain $(named_path $R 02_drafter_pretrain drafter)
   if [ -n "${XL_TAU-1}" ] && done_ 02_drafter_pretrain && [ ! -f $O/tau-pretrain-fp.json ] && ok 90; then
     run tau python3 benchmarks/drafter_tau_by_source.py --data $R/00_data --drafter pretrain=$(named_path $R 02_drafter_pretrain drafter) \
       --target ${XL_TARGET:-smol} --out $O/tau-pretrain-fp.json --prompts 64 --new 128
