@@ -11,6 +11,9 @@ the three terciles of baseline_ms / ms, baseline = the faster plain target.
 
 ``--accept`` projects, from the measured step times, the speedup a drafter with the given per-position acceptance
 (e.g. the GPU-trained drafter's) would reach at each k: tau(k) = 1 + sum_{i<k} a_i, tok/s = tau(k) / t_step(k).
+``--rounds N`` then times plain QAD decoding against speculation at the best k in N alternating rounds (one vLLM
+process, ``serving.interleaved_timing_jobs``): the median speedup with its min and max, the figure to quote. A drafter
+with a reduced draft vocabulary is served as its export with the QAD target's lm_head (``serving.served_drafter``).
 
     .venv/bin/python benchmarks/verify_cost_k.py --runs runs/smol --out benchmarks/cpu-verify-cost-k/cpu-verify-cost-k.json
 """
@@ -49,14 +52,17 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--swa", type=int, default=0, help="also the drafter window W at the best k (0: no)")
     ap.add_argument("--accept", default=None, help="JSON list of per-position acceptance to project (optional)")
+    ap.add_argument("--rounds", type=int, default=0, help="then plain QAD against speculation at the best k in this "
+                    "many alternating rounds in one vLLM process (serving.interleaved_timing_jobs): the median speedup "
+                    "and its spread (0: none)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
     from qdflash.models import load_model, resolve_target
     from qdflash.runio import provenance, read_json, write_json
     from qdflash.decode_stats import mismatch_causes
-    from qdflash.serving import vllm_acceptance_ci
-    from qdflash.vllm_jobs import job_in_subprocess, vllm_python
+    from qdflash.serving import interleaved_timing_jobs, served_drafter, timing_summary, vllm_acceptance_ci
+    from qdflash.vllm_jobs import job_in_subprocess, jobs_in_one_process, vllm_python
     runs = Path(a.runs).resolve()
     qm = read_json(runs / "01_qad" / "metrics.json")
     qad = str((runs / "01_qad" / qm["names"]["qad"]).resolve())
@@ -74,6 +80,7 @@ def main() -> int:
     which = [b for b in ("short", "medium", "long") for _ in buckets[b]]
     work = Path(a.out).with_suffix("").resolve()
     work.mkdir(parents=True, exist_ok=True)
+    drafter = served_drafter(drafter, qad, work)     # a reduced draft vocabulary: its export with the QAD target's head
     base = {"prompts": prompts, "max_tokens": a.max_tokens, "max_model_len": 2048, "dtype": "bfloat16"}
 
     def job(name, target, k=None, env=None):
@@ -103,6 +110,20 @@ def main() -> int:
     if a.swa:
         res[f"qad-spec-k{best}-swa{a.swa}"] = job(f"qad-spec-k{best}-swa{a.swa}", qad, best,
                                                   {"QDFLASH_DFLASH_SWA_WINDOW": str(a.swa)})
+    timing = {}
+    if a.rounds:              # the speedup to quote: alternating rounds, so a drift of the machine falls on both sides
+        tb = {**base, "target": qad}
+        tj = jobs_in_one_process(interleaved_timing_jobs({**tb, "drafter": None, "num_speculative_tokens": 0},
+                                                         {**tb, "drafter": drafter, "num_speculative_tokens": best},
+                                                         a.rounds), work, "timing")
+        timing = {"plain": "qad-plain", "k": best, **timing_summary(tj)}
+        t0p, t0s = tj["timing0-plain"], tj["timing0-spec"]
+        timing["greedy_mismatches_round0"] = (sum(x != y for x, y in zip(t0p["tokens"], t0s["tokens"]))
+                                              if "tokens" in t0p and "tokens" in t0s else None)
+        sp = timing["speedup"]
+        print(f"rounds at k={best}: speedup median {sp.get('median', float('nan')):.3f} "
+              f"({sp.get('min', float('nan')):.3f}-{sp.get('max', float('nan')):.3f}) over {timing['rounds']} rounds",
+              flush=True)
     base_name = max(("fp-plain", "qad-plain"), key=lambda n: res[n]["tokens_per_s"])
     baseline = res[base_name]
     qad_model = None                                    # loaded once, only if some output differs
@@ -134,7 +155,8 @@ def main() -> int:
            "machine": prov["cpu"].get("model") or platform.processor() or platform.machine(),
            "targets": {"fp": fp, "qad": qad}, "drafter": drafter, "block_size": B, "ks": ks, "best_k": best,
            "baseline": base_name, "prompt_tokens": {b: [len(p) for p in buckets[b]] for b in buckets},
-           "max_tokens": a.max_tokens, "results": res, "projection": projection, "accept": a.accept}
+           "max_tokens": a.max_tokens, "results": res, "projection": projection, "accept": a.accept,
+           "timing_rounds": timing}
     write_json(Path(a.out), out)
     print(json.dumps({n: {"tok/s": round(r["tokens_per_s"], 2), "step_ms": round(1e3 * r["step_s"], 1),
                           "tau": r.get("tau"), "speedup": round(r["speedup_vs_faster_plain"], 3),

@@ -29,7 +29,7 @@ def test_every_named_path_exists():
 def test_every_file_in_benchmarks_is_indexed():
     folders = {e["folder"] for e in MANIFEST["benchmarks"].values()}
     scripts = {s for e in MANIFEST["benchmarks"].values() for s in e["scripts"]} | set(MANIFEST["runners"])
-    unindexed = [p.name for p in BENCH.iterdir() if not p.name.startswith(".")
+    unindexed = [p.name for p in BENCH.iterdir() if not p.name.startswith((".", "__pycache__"))
                  and p.name not in ("README.md", "manifest.json")
                  and f"benchmarks/{p.name}" not in (folders if p.is_dir() else scripts)]
     assert not unindexed, f"add to benchmarks/manifest.json and benchmarks/README.md: {sorted(unindexed)}"
@@ -240,3 +240,29 @@ def test_the_cpu_steps_summary_pairs_each_variant_with_the_preset():
     dd = paired_bootstrap(res["D"], res["B"])                 # 16 epochs against 8, not against the 4-epoch A
     assert f"1.229 (1.192-1.269), {dd['diff']:+.3f} ({dd['diff_ci95'][0]:+.3f} to {dd['diff_ci95'][1]:+.3f}) over 8" in text
     assert json.loads((d / "config-02-D.json").read_text())["epochs"] == 16
+
+
+def test_the_vocab_summary_pairs_the_two_vocabularies_and_refuses_another_recipe(tmp_path):
+    """gpu_xl_vocab_summary's tau cost is the paired bootstrap of the reduced-vocabulary pretrain drafter against the
+    whole-vocabulary one on the same prompts (a flipped sign or the other run's row would fail), its speed ratio is the
+    two runs' training seconds, and a run whose stage 02 differs in more than the vocabulary is refused."""
+    import shutil
+
+    import pytest
+
+    from qdflash.decode_stats import paired_bootstrap, results_from_json
+    from qdflash.gpu_results import gpu_xl_vocab_summary
+    d, e, t = (BENCH / f"smol-gpu-xl/run-{n}-h100" for n in ("1207c", "1207", "1207b"))
+    g = lambda p: results_from_json(json.loads(p.read_text())["results"]["pretrain"])      # noqa: E731
+    p = paired_bootstrap(g(d / "tau-pretrain-fp.grid.json"), g(e / "decode-fp.json"))
+    assert p["diff"] < 0
+    text = gpu_xl_vocab_summary(d, e, t)
+    assert f"**{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})**, paired" in text
+    s = {r: json.loads((r / "metrics-02_drafter_pretrain.json").read_text())["train"]["train_s"] for r in (d, t)}
+    assert f"**{s[t] / s[d]:.2f}x faster**" in text
+    other = tmp_path / "other"
+    shutil.copytree(d, other)
+    c = json.loads((other / "config-02_drafter_pretrain.json").read_text())
+    (other / "config-02_drafter_pretrain.json").write_text(json.dumps({**c, "lr": c["lr"] * 2}))
+    with pytest.raises(ValueError, match=r"differ: \['draft_vocab', 'lr'\]"):
+        gpu_xl_vocab_summary(other, e, t)

@@ -486,6 +486,57 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     ]) + "\n"
 
 
+def gpu_xl_vocab_summary(run_dir: str | Path, whole_vocab_run: str | Path, whole_vocab_timing_run: str | Path) -> str:
+    """Markdown lines for a ``smol-gpu-xl`` run whose stage 02 drafts over a reduced vocabulary (``gpu_xl.sh go`` with
+    ``XL_02="--set draft_vocab=N"``): minutes per stage; stage 02's training speed against ``whole_vocab_timing_run``'s
+    (the same preset, data and GPU model with the whole vocabulary); the pretrained drafter's tau on the FP target paired
+    over the same held-out prompts with ``whole_vocab_run``'s (the same data, seed and recipe but the vocabulary; walked
+    in its stage 03 grid). Every number read from its JSON; each run is one training seed."""
+    from .decode_stats import paired_bootstrap, results_from_json
+    d, e, t = Path(run_dir), Path(whole_vocab_run), Path(whole_vocab_timing_run)
+    rd = read_json
+    grid, old_grid = rd(d / "tau-pretrain-fp.grid.json"), rd(e / "decode-fp.json")
+    differ = _grids_differ(grid, old_grid, ("prompts", "max_new_tokens", "dtype"))
+    if differ:
+        raise ValueError(f"{d} and {e} differ in {differ}: no paired comparison")
+    cfg, old_cfg = rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json")
+    changed = sorted(k for k in set(cfg) & set(old_cfg) if cfg[k] != old_cfg[k] and k != "save_every")
+    m0 = rd(d / "metrics-00_data.json")
+    tokens = {rd(r / "metrics-00_data.json")["generated_tokens"] for r in (d, e, t)}
+    if changed != ["draft_vocab"] or len(tokens) != 1:
+        raise ValueError(f"{d}, {e}, {t}: not the same data and recipe up to the draft vocabulary (stage-02 settings "
+                         f"that differ: {changed}; stage-00 tokens {sorted(tokens)})")
+    m2, mt = rd(d / "metrics-02_drafter_pretrain.json"), rd(t / "metrics-02_drafter_pretrain.json")
+    tr, ttr = m2["train"], mt["train"]
+    if tr["steps"] != ttr["steps"] or _gpu_of(d) != _gpu_of(t):
+        raise ValueError(f"{d} and {t}: stage 02 ran other steps or another GPU: no speed comparison")
+    pre = results_from_json(grid["results"]["pretrain"])
+    pb = paired_bootstrap(pre, results_from_json(old_grid["results"]["pretrain"]))
+    st = rd(d / "tau-pretrain-fp.json")["drafters"]["pretrain"]
+    secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
+    stages = [s for s in ("00_data", "02_drafter_pretrain", "01_qad") if s in secs]
+    g, m1 = m0["regeneration"], rd(d / "metrics-01_qad.json")
+    n = m2["draft_vocab"]["size"]
+    return "\n".join([
+        f"- One {_gpu_of(d)}, commit {m0['git_sha'][:7]}, the preset with a draft vocabulary of {n:,} tokens "
+        f"(`--set draft_vocab={n}`; {m2['draft_vocab']['supervised_token_coverage']:.1%} of the supervised answer tokens "
+        f"in it); minutes per stage: " + ", ".join(f"{s[:2]} {secs[s]:.1f}" for s in stages) + f". Stage 00 "
+        f"regenerated the same {g['output_tokens']:,} tokens at {g['output_tokens_per_s'] / 1e3:.1f}K output tok/s; "
+        f"stage 01's held-out KL {m1['qad_vs_gptq_kl']['ratio']:.2f}x GPTQ's.",
+        f"- Stage 02 trained {tr['steps']:,} steps in {tr['train_s']:.0f} s ({tr['mean_tok_per_s'] / 1e3:.0f}K tok/s) "
+        f"against {ttr['train_s']:.0f} s ({ttr['mean_tok_per_s'] / 1e3:.0f}K tok/s) with the whole vocabulary on the "
+        f"same GPU model (`{t.name}/`): **{ttr['train_s'] / tr['train_s']:.2f}x faster** (one run each).",
+        f"- The pretrained drafter on the FP target decodes at tau {st['tau']:.3f} ({st['tau_ci95'][0]:.3f}-"
+        f"{st['tau_ci95'][1]:.3f}) on {len(grid['prompts'])} held-out real prompts x {grid['max_new_tokens']} tokens; "
+        f"by source: {_tau_by_source_text(st)}. Against the whole-vocabulary drafter of `{e.name}/` on the same prompts "
+        f"(the same data, seed and recipe; its stage 03 grid): **{_paired_text(pb)}**, paired over prompts. One training "
+        f"seed each, and GPU training is not bit-reproducible (`run-1207b-h100/` repeats `run-1207-h100/`'s recipe and "
+        f"ends at another training loss), so the interval covers the prompts, not the training run."
+        + (" At this tau the reduced vocabulary costs acceptance, where the CPU drafter's lower tau showed no cost "
+           "(`cpu-draft-vocab/`)." if pb["diff_ci95"][1] < 0 else ""),
+    ]) + "\n"
+
+
 def _gpu_of(run_dir: Path) -> str:
     """The GPU a device-tool run used: a stage's saved provenance (``run-<stage>.json``) or, for a run that kept none,
     the model its calls reported (``calls.json``)."""
@@ -575,7 +626,7 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
     batch, epochs, steps, rows seen and stage-02 seconds; then the tau with its 95% interval over prompts of the
     pretrained drafter on the FP target and of the pretrained and two-stage drafters on the QAD target where the run has
     them, and whether the decoder or the walk measured it (the walk gives the decoder's tau). One seed per run; each
-    run's own held-out prompts (the 50K runs share theirs). Stage-02 seconds are training seconds, or for a stage cut
+    run's own held-out prompts (the 50K runs share theirs); the draft vocabulary's size where stage 02 reduced it. Stage-02 seconds are training seconds, or for a stage cut
     at a call's limit and resumed by code that did not carry them over, its wall seconds over the calls."""
     from .decode_stats import acceptance_stats, results_from_json
     rows = []
@@ -612,7 +663,8 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
             rows.append({"run": d.name, "conversations": m0["n_train"], "layers": layers,
                          "batch": batch, "epochs": tr["epochs"], "steps": tr["steps"],
                          "rows seen": tr["steps"] * batch if batch else None,
-                         "stage 02 s": s02, "target": target.upper(), "drafter": drafter,
+                         "stage 02 s": s02, "draft vocab": (m2.get("draft_vocab") or {}).get("size") or "whole",
+                         "target": target.upper(), "drafter": drafter,
                          "tau": round(st["tau"], 3), "95% CI": f"{st['tau_ci95'][0]:.3f}–{st['tau_ci95'][1]:.3f}",
                          "measured by": "walk" if all(r.get("walk") for r in res) else "decoder",
                          "prompts x tokens": f"{len(g['prompts'])} x {g['max_new_tokens']}"})
@@ -622,8 +674,9 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
 def regime_curve_plot(metrics_02: list[str | Path]):
     """``regime_curve_table`` as a figure: tau with its 95% interval over prompts against the rows the drafter trained
     on in stage 02 (steps x batch, log scale; the two-stage drafter's finetune epoch of stage 03 not counted); colour:
-    target and drafter, marker: depth; lines join only runs on the same conversations, depth and batch (they differ in
-    epochs alone), the runs on fewer conversations are labelled points. One training seed per point."""
+    target and drafter, marker: depth (hollow: a reduced draft vocabulary); lines join only runs on the same
+    conversations, depth and batch with the whole vocabulary (they differ in epochs alone), the runs on fewer
+    conversations are labelled points. One training seed per point."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     t = regime_curve_table(metrics_02).reset_index()
@@ -634,17 +687,22 @@ def regime_curve_plot(metrics_02: list[str | Path]):
     colors = {s: f"C{i}" for i, s in enumerate(sorted(t.series.unique()))}
     marker = {2: "s", 4: "o"}
     top = t["conversations"].max()
-    for (series, layers, conv, _), g in t.groupby(["series", "layers", "conversations", "batch"]):
+    t["draft vocab"] = t["draft vocab"].astype(str)
+    for (series, layers, conv, _, vocab), g in t.groupby(["series", "layers", "conversations", "batch", "draft vocab"]):
         g = g.sort_values("rows seen")
+        whole = vocab == "whole"               # a reduced draft vocabulary: a hollow point, on no line
         ax.errorbar(g["rows seen"], g["tau"], yerr=[g["tau"] - g["lo"], g["hi"] - g["tau"]],
                     marker=marker.get(layers, "^"), capsize=3, ms=4, c=colors[series],
-                    ls="-" if conv == top and len(g) > 1 else "none", lw=1)
+                    mfc=colors[series] if whole else "none", ls="-" if whole and conv == top and len(g) > 1 else "none",
+                    lw=1)
     for (conv, x), g in t[t["conversations"] != top].groupby(["conversations", "rows seen"]):   # one label a run
         ax.annotate(f"{conv / 1e3:.1f}K conv.", (x, g["lo"].min()), xytext=(0, -9), textcoords="offset points",
                     fontsize=6, ha="center")
     handles = [Line2D([], [], c=c, lw=1, label=s) for s, c in colors.items()]
     handles += [Line2D([], [], c="grey", marker=m, ls="none", label=f"{n} layers") for n, m in marker.items()
                 if n in set(t["layers"])]
+    handles += [Line2D([], [], c="grey", marker="o", mfc="none", ls="none", label=f"{v}-token draft vocabulary")
+                for v in sorted(set(t["draft vocab"]) - {"whole"})]
     ax.legend(handles=handles, fontsize=7, loc="upper left", title=f"lines: {top / 1e3:.0f}K conversations, one batch",
               title_fontsize=7)
     ax.set_xscale("log")

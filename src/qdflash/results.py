@@ -438,6 +438,13 @@ def _gpu_xl_epochs(reads: list[Path], root: Path) -> str:
             + gpu_xl_epochs_summary(run, three, two))
 
 
+def _gpu_xl_vocab(reads: list[Path], root: Path) -> str:
+    from .gpu_results import gpu_xl_vocab_summary
+    run, whole, timing = (r.parent for r in reads)
+    return (f"\n`smol-gpu-xl` with a reduced draft vocabulary (`{rel(run)}/`):\n\n"
+            + gpu_xl_vocab_summary(run, whole, timing))
+
+
 def _regime_curve(reads: list[Path], root: Path) -> str:
     """GPU runs' drafters against data and training steps (reads: each run's saved stage-02 metrics)."""
     from .figures import table_markdown
@@ -523,6 +530,7 @@ SECTIONS = {
     "gpu_xl_depth": _gpu_xl_depth,
     "gpu_xl_steps": _gpu_xl_steps,
     "gpu_xl_epochs": _gpu_xl_epochs,
+    "gpu_xl_vocab": _gpu_xl_vocab,
     "regime_curve": _regime_curve,
     "draft_vocab": _draft_vocab,
     "cpu_drafter_steps": _cpu_drafter_steps,
