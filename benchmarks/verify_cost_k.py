@@ -31,16 +31,26 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 
-def terciles(data_dir: Path, per_bucket: int) -> dict[str, list[list[int]]]:
-    from qdflash.data import load_split
-    rows = sorted(load_split(data_dir, "val"), key=lambda r: (r["prompt_len"], r["id"] if "id" in r else 0))
+def terciles(prompts: list[list[int]], per_bucket: int) -> dict[str, list[list[int]]]:
+    """``per_bucket`` prompts, evenly spaced by length, from each length tercile of ``prompts`` (stable order)."""
+    rows = sorted(prompts, key=len)
     n = len(rows)
     pick = {"short": rows[: n // 3], "medium": rows[n // 3: 2 * n // 3], "long": rows[2 * n // 3:]}
     out = {}
     for name, rs in pick.items():
         step = max(1, len(rs) // per_bucket)
-        out[name] = [r["input_ids"][: r["prompt_len"]] for r in rs[::step][:per_bucket]]
+        out[name] = rs[::step][:per_bucket]
     return out
+
+
+def held_out_prompts(data_dir: Path, grid: str | None) -> list[list[int]]:
+    """The held-out prompts: the run's val split, or (``grid``) the prompts of a saved decoding grid, e.g. the
+    GPU run's 64 held-out prompts of the data the drafter was trained on."""
+    if grid:
+        return json.loads(Path(grid).read_text())["prompts"]
+    from qdflash.data import load_split
+    rows = sorted(load_split(data_dir, "val"), key=lambda r: (r["prompt_len"], r["id"] if "id" in r else 0))
+    return [r["input_ids"][: r["prompt_len"]] for r in rows]
 
 
 def main() -> int:
@@ -49,6 +59,8 @@ def main() -> int:
     ap.add_argument("--drafter", default=None, help="drafter checkpoint (default: stage 04's W4A16 GPTQ)")
     ap.add_argument("--ks", default="1,2,3,5,7")
     ap.add_argument("--per-bucket", type=int, default=4, help="prompts per length tercile")
+    ap.add_argument("--prompts-grid", default=None, help="take the held-out prompts from this saved decoding grid "
+                    "(its 'prompts') instead of the run's val split")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--swa", type=int, default=0, help="also the drafter window W at the best k (0: no)")
     ap.add_argument("--accept", default=None, help="JSON list of per-position acceptance to project (optional)")
@@ -75,7 +87,7 @@ def main() -> int:
         drafter = str((runs / "04_drafter_quant" / dq["checkpoints"]["w4a16"]).resolve())
     B = read_json(Path(drafter) / "config.json")["block_size"]
     ks = [k for k in (int(x) for x in a.ks.split(",")) if 1 <= k <= B - 1]
-    buckets = terciles(runs / "00_data", a.per_bucket)
+    buckets = terciles(held_out_prompts(runs / "00_data", a.prompts_grid), a.per_bucket)
     prompts = [p for b in ("short", "medium", "long") for p in buckets[b]]
     which = [b for b in ("short", "medium", "long") for _ in buckets[b]]
     work = Path(a.out).with_suffix("").resolve()
@@ -154,7 +166,7 @@ def main() -> int:
     out = {"command": " ".join(sys.argv), "git_sha": prov["git_sha"], "provenance": prov,
            "machine": prov["cpu"].get("model") or platform.processor() or platform.machine(),
            "targets": {"fp": fp, "qad": qad}, "drafter": drafter, "block_size": B, "ks": ks, "best_k": best,
-           "baseline": base_name, "prompt_tokens": {b: [len(p) for p in buckets[b]] for b in buckets},
+           "baseline": base_name, "prompts_from": a.prompts_grid or "val split of --runs", "prompt_tokens": {b: [len(p) for p in buckets[b]] for b in buckets},
            "max_tokens": a.max_tokens, "results": res, "projection": projection, "accept": a.accept,
            "timing_rounds": timing}
     write_json(Path(a.out), out)
