@@ -266,3 +266,17 @@ def test_the_vocab_summary_pairs_the_two_vocabularies_and_refuses_another_recipe
     (other / "config-02_drafter_pretrain.json").write_text(json.dumps({**c, "lr": c["lr"] * 2}))
     with pytest.raises(ValueError, match=r"differ: \['draft_vocab', 'lr'\]"):
         gpu_xl_vocab_summary(other, e, t)
+
+
+def test_the_vllm_rounds_line_is_the_median_of_the_rounds_ratios(tmp_path):
+    """vllm_rounds_text quotes the median and min of the per-round speedups saved by verify_cost_k.py --rounds (a
+    mean or one round's figure would differ), and says nothing for a run without rounds."""
+    import statistics
+
+    from qdflash.gpu_results import vllm_rounds_text
+    f = BENCH / "cpu-regime-drafter/vllm-w4a16-val.json"
+    r = json.loads(f.read_text())
+    per = r["timing_rounds"]["speedup_per_round"]
+    assert len(per) >= 5 and f"**median speedup {statistics.median(per):.3f}x** (min {min(per):.3f}" in vllm_rounds_text(f)
+    (tmp_path / "none.json").write_text(json.dumps({**r, "timing_rounds": {}}))
+    assert vllm_rounds_text(tmp_path / "none.json") == ""

@@ -103,6 +103,23 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("config")
 
 
+def vllm_rounds_text(path: str | Path) -> str:
+    """One Markdown line for ``verify_cost_k.py --rounds``: plain decoding of the QAD target against speculation at the
+    best k in alternating rounds (one vLLM process), the median speedup with its min and max over rounds, each side's
+    median tokens/s; every number from the JSON. Empty when the run timed no rounds."""
+    r = json.loads(Path(path).read_text())
+    t = r.get("timing_rounds") or {}
+    if not t.get("rounds"):
+        return ""
+    sp, a, b = t["speedup"], t["plain_tokens_per_s"], t["spec_tokens_per_s"]
+    miss = t.get("greedy_mismatches_round0")
+    return (f"- Plain QAD decoding against speculation at k = {t['k']} in {t['rounds']} alternating rounds (one vLLM "
+            f"process, the same {sum(len(v) for v in r['prompt_tokens'].values())} prompts x {r['max_tokens']} tokens): "
+            f"**median speedup {sp['median']:.3f}x** (min {sp['min']:.3f}, max {sp['max']:.3f}); plain "
+            f"{a['median']:.1f} tok/s, speculative {b['median']:.1f} tok/s (medians)"
+            + (f"; greedy outputs differing from plain in the first round: {miss}" if miss is not None else "") + ".\n")
+
+
 def fsdp_table(jsonl: str | Path) -> pd.DataFrame:
     """One row per FSDP step run (one JSON line each): tokens/s (median over the steps after the first), peak
     allocated CUDA memory of rank 0, and ``memory_plan``'s estimate for the same shapes."""

@@ -445,6 +445,39 @@ def _gpu_xl_vocab(reads: list[Path], root: Path) -> str:
             + gpu_xl_vocab_summary(run, whole, timing))
 
 
+def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
+    """A GPU-trained regime drafter on this CPU (reads: the GPU run's stage-02 metrics, the CPU stage-04 metrics.json,
+    then verify_cost_k.py JSONs): stage 04's table and per-position differences, then per vLLM run its table of k and
+    its timed rounds."""
+    from .figures import drafter_quant_table, quant_positions_table, table_markdown
+    from .gpu_results import verify_cost_table, vllm_rounds_text
+    gpu_run, dq, runs = reads[0].parent, reads[1].parent, reads[2:]
+    keep = ["mean acceptance length", "tau 95% CI (prompts)", "measured by", "drafter ms/step", "disk MB", "p0", "p1",
+            "p2", "p3"]
+    m = read_json(reads[1])
+    out = (f"\nThe regime drafter on this CPU (`{rel(dq.parent)}/`, README there):\n\n"
+           + table_markdown(drafter_quant_table(dq)[keep], f"Stage 04 on this CPU for the GPU-trained drafter of "
+                            f"`{rel(gpu_run)}/`: the CPU `smol` QAD W4A16 target, reference decoder, greedy, fp32, "
+                            f"{m['eval_prompts']} held-out prompts x {m['eval_new_tokens']} tokens, one run (p0-p3: "
+                            f"acceptance at draft positions 1-4)", LEVEL))
+    qp = quant_positions_table(dq)
+    if not qp.empty:
+        out += "\n" + table_markdown(qp.iloc[:, :4], "Quantized minus fp32 drafter, acceptance at draft positions 1-4, "
+                                     "paired over the same prompts (95% CI)", LEVEL)
+    for f in runs:
+        r = read_json(f)
+        src = ("the CPU run's val split" if r.get("prompts_from", "val").startswith("val")
+               else f"`{Path(r['prompts_from']).parent.name}/`'s decoding grid")
+        n = sum(len(v) for v in r["prompt_tokens"].values())
+        vt = verify_cost_table(f)
+        vt = vt.loc[:, (vt != "").any()]                # no empty column (e.g. no projection asked for)
+        out += ("\n" + table_markdown(vt, f"vLLM on this CPU, batch 1: the QAD W4A16 target + "
+                                      f"`{Path(r['drafter']).name}`, {n} held-out prompts of {src} x {r['max_tokens']} "
+                                      f"tokens, one pass per row (`{rel(f)}`)", LEVEL)
+                + "\n" + vllm_rounds_text(f))
+    return out
+
+
 def _regime_curve(reads: list[Path], root: Path) -> str:
     """GPU runs' drafters against data and training steps (reads: each run's saved stage-02 metrics)."""
     from .figures import table_markdown
@@ -532,6 +565,7 @@ SECTIONS = {
     "gpu_xl_epochs": _gpu_xl_epochs,
     "gpu_xl_vocab": _gpu_xl_vocab,
     "regime_curve": _regime_curve,
+    "regime_drafter_cpu": _regime_drafter_cpu,
     "draft_vocab": _draft_vocab,
     "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
