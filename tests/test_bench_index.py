@@ -280,3 +280,16 @@ def test_the_vllm_rounds_line_is_the_median_of_the_rounds_ratios(tmp_path):
     assert len(per) >= 5 and f"**median speedup {statistics.median(per):.3f}x** (min {min(per):.3f}" in vllm_rounds_text(f)
     (tmp_path / "none.json").write_text(json.dumps({**r, "timing_rounds": {}}))
     assert vllm_rounds_text(tmp_path / "none.json") == ""
+
+
+def test_the_cpu_finetune_line_pairs_two_stage_with_pretrain():
+    """cpu_finetune_text's difference is two-stage minus pretrain on the saved QAD grid, paired (the other order or
+    another row would flip or move it), and its learning rate is the stage's config."""
+    from qdflash.decode_stats import paired_bootstrap, results_from_json
+    from qdflash.gpu_results import cpu_finetune_text
+    for d in sorted((BENCH / "cpu-regime-drafter").glob("finetune-*")):
+        g = json.loads((d / "decode-qad.json").read_text())
+        p = paired_bootstrap(*(results_from_json(g["results"][k]) for k in ("two_stage", "pretrain")))
+        text = cpu_finetune_text(d)
+        assert f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f}), paired" in text
+        assert f"lr {json.loads((d / 'config.json').read_text())['lr']:g}," in text

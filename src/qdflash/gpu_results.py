@@ -120,6 +120,25 @@ def vllm_rounds_text(path: str | Path) -> str:
             + (f"; greedy outputs differing from plain in the first round: {miss}" if miss is not None else "") + ".\n")
 
 
+def cpu_finetune_text(stage_dir: str | Path) -> str:
+    """One Markdown line for stage 03 run on the CPU over a GPU-pretrained drafter (``gpu_drafter_on_cpu.py
+    --finetune``): its learning rate, batch and steps, the training loss at the start and end (mean of 10 steps), and
+    the two-stage drafter's tau on the QAD target minus the pretrained one's, paired over the grid's prompts."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
+    d = Path(stage_dir)
+    m, c, g = read_json(d / "metrics.json"), read_json(d / "config.json"), read_json(d / "decode-qad.json")
+    two, pre = (results_from_json(g["results"][k]) for k in ("two_stage", "pretrain"))
+    log = [json.loads(x) for x in (d / f"train_log-{m['drafters']['two_stage']}.jsonl").read_text().splitlines()]
+    mean = lambda rows: sum(r["loss"] for r in rows) / len(rows)      # noqa: E731
+    st = acceptance_stats(two)
+    return (f"- Stage 03 on this CPU (`{d.name}/`: the `smol` recipe at lr {c['lr']:g}, batch {c['batch_size']}, "
+            f"{len(log)} steps on the CPU QAD target's own answers to {m['finetune_data'].get('rows', 'the')} training "
+            f"prompts): training loss {mean(log[:10]):.2f} over the first 10 steps, {mean(log[-10:]):.2f} over the "
+            f"last 10; two-stage tau {st['tau']:.3f} ({st['tau_ci95'][0]:.3f}-{st['tau_ci95'][1]:.3f}), minus the "
+            f"pretrained drafter's {_paired_text(paired_bootstrap(two, pre))}, paired over {len(g['prompts'])} prompts "
+            f"(one seed).\n")
+
+
 def fsdp_table(jsonl: str | Path) -> pd.DataFrame:
     """One row per FSDP step run (one JSON line each): tokens/s (median over the steps after the first), peak
     allocated CUDA memory of rank 0, and ``memory_plan``'s estimate for the same shapes."""

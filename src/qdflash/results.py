@@ -447,11 +447,13 @@ def _gpu_xl_vocab(reads: list[Path], root: Path) -> str:
 
 def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
     """A GPU-trained regime drafter on this CPU (reads: the GPU run's stage-02 metrics, the CPU stage-04 metrics.json,
-    then verify_cost_k.py JSONs): stage 04's table and per-position differences, then per vLLM run its table of k and
-    its timed rounds."""
+    then verify_cost_k.py JSONs and stage-03 folders of gpu_drafter_on_cpu.py --finetune): stage 04's table, the
+    finetunes' lines and per-position differences, then per vLLM run its table of k and its timed rounds."""
     from .figures import drafter_quant_table, quant_positions_table, table_markdown
-    from .gpu_results import verify_cost_table, vllm_rounds_text
-    gpu_run, dq, runs = reads[0].parent, reads[1].parent, reads[2:]
+    from .gpu_results import cpu_finetune_text, verify_cost_table, vllm_rounds_text
+    gpu_run, dq = reads[0].parent, reads[1].parent
+    runs = [f for f in reads[2:] if f.suffix == ".json"]
+    finetunes = [f for f in reads[2:] if f.is_dir()]
     keep = ["mean acceptance length", "tau 95% CI (prompts)", "measured by", "drafter ms/step", "disk MB", "p0", "p1",
             "p2", "p3"]
     m = read_json(reads[1])
@@ -460,6 +462,9 @@ def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
                             f"`{rel(gpu_run)}/`: the CPU `smol` QAD W4A16 target, reference decoder, greedy, fp32, "
                             f"{m['eval_prompts']} held-out prompts x {m['eval_new_tokens']} tokens, one run (p0-p3: "
                             f"acceptance at draft positions 1-4)", LEVEL))
+    if finetunes:
+        out += ("\nThe same drafter finetuned on this CPU first, against its QAD target (`gpu_drafter_on_cpu.py "
+                "--finetune`):\n\n" + "".join(cpu_finetune_text(f) for f in finetunes))
     qp = quant_positions_table(dq)
     if not qp.empty:
         out += "\n" + table_markdown(qp.iloc[:, :4], "Quantized minus fp32 drafter, acceptance at draft positions 1-4, "
