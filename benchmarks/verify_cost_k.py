@@ -92,6 +92,7 @@ def main() -> int:
     which = [b for b in ("short", "medium", "long") for _ in buckets[b]]
     work = Path(a.out).with_suffix("").resolve()
     work.mkdir(parents=True, exist_ok=True)
+    source = drafter
     drafter = served_drafter(drafter, qad, work)     # a reduced draft vocabulary: its export with the QAD target's head
     base = {"prompts": prompts, "max_tokens": a.max_tokens, "max_model_len": 2048, "dtype": "bfloat16"}
 
@@ -165,7 +166,7 @@ def main() -> int:
         row.pop("tokens")
     out = {"command": " ".join(sys.argv), "git_sha": prov["git_sha"], "provenance": prov,
            "machine": prov["cpu"].get("model") or platform.processor() or platform.machine(),
-           "targets": {"fp": fp, "qad": qad}, "drafter": drafter, "block_size": B, "ks": ks, "best_k": best,
+           "targets": {"fp": fp, "qad": qad}, "drafter": drafter, "drafter_source": source, "block_size": B, "ks": ks, "best_k": best,
            "baseline": base_name, "prompts_from": a.prompts_grid or "val split of --runs", "prompt_tokens": {b: [len(p) for p in buckets[b]] for b in buckets},
            "max_tokens": a.max_tokens, "results": res, "projection": projection, "accept": a.accept,
            "timing_rounds": timing}

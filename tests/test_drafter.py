@@ -467,10 +467,11 @@ def test_vllm_serves_a_reduced_vocabulary_drafter_only_exported(tmp_path, tiny_t
         load_drafter(out)
 
 
-def test_stage05_serves_a_reduced_vocabulary_drafter_as_its_export_for_each_target(tmp_path, tiny_target):
-    """``serving.served_drafter`` (stage 05's choice of what vLLM loads): a whole-vocabulary drafter as it is; a reduced
-    one as its export carrying *that* target's lm_head rows (two targets with different heads get two exports), made
-    once and reused; an export passes through."""
+def test_served_drafter_exports_a_reduced_vocabulary_drafter_for_each_target(tmp_path, tiny_target):
+    """``serving.served_drafter`` (what stage 05 and verify_cost_k.py give vLLM): a whole-vocabulary drafter as it is;
+    a reduced one as its export carrying *that* target's lm_head rows (two targets with different heads get two
+    exports), written again when the source changed under the same name (never a stale export); an export passes
+    through."""
     from safetensors.torch import load_file
 
     from qdflash.drafter import set_draft_vocab
@@ -497,8 +498,10 @@ def test_stage05_serves_a_reduced_vocabulary_drafter_as_its_export_for_each_targ
         got = load_file(f"{e}/model.safetensors")
         assert torch.equal(got["lm_head.weight"].float(), h[ids].to(got["lm_head.weight"].dtype).float())
         assert torch.equal(torch.arange(len(ids)) + got["d2t"], torch.tensor(ids))
-    stamp = (Path(e1) / "model.safetensors").stat().st_mtime_ns
-    assert served_drafter(red, t1, tmp_path, heads) == e1 and (Path(e1) / "model.safetensors").stat().st_mtime_ns == stamp
+    ids2 = list(range(11, 380, 7))                  # another drafter saved under the same name
+    save_drafter(set_draft_vocab(d, ids2), tmp_path / "reduced")
+    assert served_drafter(red, t1, tmp_path, heads) == e1
+    assert torch.equal(torch.arange(len(ids2)) + load_file(f"{e1}/model.safetensors")["d2t"], torch.tensor(ids2))
     assert served_drafter(e1, t1, tmp_path) == e1
 
 

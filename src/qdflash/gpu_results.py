@@ -542,6 +542,10 @@ def gpu_xl_vocab_summary(run_dir: str | Path, whole_vocab_run: str | Path, whole
     if changed != ["draft_vocab"] or len(tokens) != 1:
         raise ValueError(f"{d}, {e}, {t}: not the same data and recipe up to the draft vocabulary (stage-02 settings "
                          f"that differ: {changed}; stage-00 tokens {sorted(tokens)})")
+    t_cfg = rd(t / "config-02_drafter_pretrain.json")
+    t_changed = sorted(k for k in set(cfg) & set(t_cfg) if cfg[k] != t_cfg[k] and k != "save_every")
+    if t_changed != ["draft_vocab"]:
+        raise ValueError(f"{d} and {t}: stage-02 settings that differ: {t_changed} (only the vocabulary may)")
     m2, mt = rd(d / "metrics-02_drafter_pretrain.json"), rd(t / "metrics-02_drafter_pretrain.json")
     tr, ttr = m2["train"], mt["train"]
     if tr["steps"] != ttr["steps"] or _gpu_of(d) != _gpu_of(t):

@@ -30,7 +30,8 @@ from .vllm_jobs import check_servable_drafter, vllm_env, vllm_python
 def served_drafter(drafter: str, target: str, out_dir: str | Path, heads: dict | None = None) -> str:
     """The drafter as vLLM should load it beside ``target``: unchanged when it drafts over the target's whole
     vocabulary, else its EAGLE-3-form export (``drafter.export_draft_vocab_for_vllm``) with ``target``'s own lm_head
-    rows, written once to ``out_dir`` (named after both). ``heads`` caches lm_heads by target between calls."""
+    rows, written to ``out_dir`` (named after both; written again on every call, seconds, so that a re-quantized
+    drafter or another run's of the same name is never served stale). ``heads`` caches lm_heads by target."""
     from .drafter import export_draft_vocab_for_vllm
     cfg = json.loads((Path(drafter) / "config.json").read_text())
     if not (cfg.get("dflash_config") or {}).get("draft_vocab_size") or cfg.get("draft_vocab_size"):
@@ -40,8 +41,7 @@ def served_drafter(drafter: str, target: str, out_dir: str | Path, heads: dict |
         from .models import load_model
         heads[target] = load_model(target, "float32", "cpu").get_output_embeddings().weight.detach().clone()
     dst = Path(out_dir) / f"{Path(drafter).name}-vllm-for-{Path(target).name}"
-    if not (dst / "config.json").exists():
-        export_draft_vocab_for_vllm(drafter, heads[target], dst)
+    export_draft_vocab_for_vllm(drafter, heads[target], dst)
     return str(dst.resolve())
 
 

@@ -62,8 +62,12 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             "max_model_len": max_model_len, "dtype": "bfloat16"}
     # a drafter with a reduced draft vocabulary is served as its export for each target (served_drafter)
     heads: dict = {}
-    served = {(t, d): served_drafter(p, t, work, heads) for t in (fp_target, qad_target) for d, p in drafters.items()}
+    pairs = [(fp_target, "fp32"), (fp_target, "w4a16"), (qad_target, "fp32"), (qad_target, "w4a16"),
+             (qad_target, "w8a16")]                                   # every (target, drafter) a job below serves
+    served = {(t, d): served_drafter(drafters[d], t, work, heads) for t, d in pairs}
     heads.clear()
+    served_record = {f"{'fp' if t == fp_target else 'qad'}-{d}": {"source": drafters[d], "served": p}
+                     for (t, d), p in served.items()}             # what vLLM loaded for each (target, drafter)
     w4 = served[qad_target, "w4a16"]                  # the served configuration: QAD target + W4A16 drafter
     todo = {}
     for tname, tdir in (("fp", fp_target), ("qad", qad_target)):
@@ -125,6 +129,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             server = {"error": repr(e)}
     m = finish_run(out, {"offline": table, "timing": timing, "mismatch_causes": causes, "reference_tau": ref,
                          "server": server, "prompts": len(prompts), "max_tokens": max_tokens, "block_size": B,
+                         "served_drafters": served_record,
                          "sites": _sites()}, t0)
     return ServingResult(out, m)
 
