@@ -25,17 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 
-def _overrides(pairs: list[str]) -> dict:
-    out = {}
-    for kv in pairs:
-        k, v = kv.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="runs/smol")
@@ -47,10 +36,10 @@ def main() -> int:
                     "QAD target), then stage 04 on the two-stage drafter it makes")
     ap.add_argument("--finetune-set", action="append", default=[], help="DrafterConfig override key=value for --finetune")
     a = ap.parse_args()
-    from qdflash.config import DrafterQuantConfig, load_config
+    from qdflash.config import DrafterQuantConfig, load_config, parse_overrides
     from qdflash.stages.s04_drafter_quant import run_drafter_quant
     from qdflash.runio import write_json
-    cfg = load_config(DrafterQuantConfig, "smol", **_overrides(a.set))
+    cfg = load_config(DrafterQuantConfig, "smol", **parse_overrides(a.set))
     runs, out = Path(a.runs).resolve(), Path(a.out).resolve()
     if a.finetune:              # stage 03 on this CPU: the GPU drafter stands in for stage 02's
         from qdflash.config import DrafterConfig
@@ -61,7 +50,7 @@ def main() -> int:
                                           "note": "a GPU-trained drafter (benchmarks/gpu_drafter_on_cpu.py --finetune)"})
         dcfg = json.loads((Path(a.drafter) / "config.json").read_text())
         fover = {"num_layers": dcfg["num_hidden_layers"], "direct_ablation": False, "eval_random": False,
-                 "grid_targets": ["qad"], **_overrides(a.finetune_set)}
+                 "grid_targets": ["qad"], **parse_overrides(a.finetune_set)}
         r3 = run_drafter_finetune(load_config(DrafterConfig, "smol", **fover), out / "03_drafter_finetune",
                                   runs / "00_data", pre, runs / "01_qad")
         ft = out / "03_drafter_finetune"

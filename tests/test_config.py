@@ -40,3 +40,13 @@ def test_smol_group_size_divides_hidden():
     # SmolLM2: hidden 576 and FFN 1536 are multiples of 32 but 576 is not of 128
     g = load_config(QADConfig, "smol").group_size
     assert 576 % g == 0 and 1536 % g == 0
+
+
+def test_parse_overrides_reads_json_values_keeps_strings_and_refuses_a_pair_without_equals():
+    """``config.parse_overrides`` (``qdflash run --set`` and the benchmark scripts' ``--set``): JSON where the value
+    parses (numbers, lists, booleans), the string itself where it does not, and a one-line error without ``=``."""
+    from qdflash.config import parse_overrides
+    got = parse_overrides(["lr=6.25e-5", "grid_targets=[\"qad\"]", "direct_ablation=false", "decoder=eager", "a=b=c"])
+    assert got == {"lr": 6.25e-5, "grid_targets": ["qad"], "direct_ablation": False, "decoder": "eager", "a": "b=c"}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_overrides(["lr"])

@@ -21,15 +21,8 @@ import os
 import sys
 from pathlib import Path
 
-from .config import ConfigError
+from .config import ConfigError, parse_overrides
 from .pipeline import STAGES, StageError, run_stage
-
-
-def _parse_value(v: str):
-    try:
-        return json.loads(v)
-    except json.JSONDecodeError:
-        return v
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,12 +68,7 @@ def _dispatch(a, ap) -> int:
         print("\n".join(STAGES))
         return 0
     if a.cmd == "run":
-        ov = {}
-        for kv in a.set:
-            if "=" not in kv:
-                raise ConfigError(f"--set expects KEY=VALUE, got {kv!r}")
-            k, v = kv.split("=", 1)
-            ov[k] = _parse_value(v)
+        ov = parse_overrides(a.set)
         if "QDFLASH_PROGRESS" not in os.environ and not sys.stderr.isatty():
             os.environ["QDFLASH_PROGRESS"] = "text"      # a log file gets whole lines, not carriage returns
         if a.stage not in STAGES:

@@ -310,6 +310,21 @@ def load_config(cls: type[T], preset: str, **overrides: Any) -> T:
     return from_dict(cls, {**table[preset], **overrides, "preset": preset})
 
 
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` arguments as overrides for ``load_config``: each value read as JSON where it parses, else
+    kept as a string; an argument without ``=`` is an error."""
+    out: dict[str, Any] = {}
+    for kv in pairs:
+        if "=" not in kv:
+            raise ConfigError(f"--set expects KEY=VALUE, got {kv!r}")
+        k, v = kv.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
     names = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(names))

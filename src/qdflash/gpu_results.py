@@ -465,6 +465,12 @@ def _loss_before(log: list[dict], step: int) -> float:
     return float(np.mean([r["loss"] for r in log if step - 50 < r["step"] <= step]))
 
 
+def _differing_settings(a: dict, b: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The settings two saved stage configs both record with different values, sorted (a setting added to the code
+    since the older run is absent from its config), less ``ignore`` (e.g. how often a checkpoint is saved)."""
+    return sorted(k for k in set(a) & set(b) if a[k] != b[k] and k not in ignore)
+
+
 def _grids_differ(a: dict, b: dict, keys: tuple[str, ...]) -> list[str]:
     """What keeps two saved decoding grids from pairing: the ``keys`` that differ, and "plain tokens" where plain
     greedy decoding gave other outputs (a timing field may differ; the outputs may not)."""
@@ -488,8 +494,7 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         raise ValueError(f"{d} and {e} differ in {differ}: no paired comparison")
     cfg, old_cfg = rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json")
     old0 = rd(e / "metrics-00_data.json")
-    # settings both configs record (a setting added to the code since the older run is absent from its config)
-    changed = sorted(k for k in set(cfg) & set(old_cfg) if cfg[k] != old_cfg[k])
+    changed = _differing_settings(cfg, old_cfg)
     if m0["generated_tokens"] != old0["generated_tokens"] or changed != ["epochs"]:
         raise ValueError(f"{d} and {e} are not the same data and recipe up to the epochs (stage 00 tokens "
                          f"{m0['generated_tokens']} vs {old0['generated_tokens']}; stage 02 settings that differ: {changed})")
@@ -536,14 +541,14 @@ def gpu_xl_vocab_summary(run_dir: str | Path, whole_vocab_run: str | Path, whole
     if differ:
         raise ValueError(f"{d} and {e} differ in {differ}: no paired comparison")
     cfg, old_cfg = rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json")
-    changed = sorted(k for k in set(cfg) & set(old_cfg) if cfg[k] != old_cfg[k] and k != "save_every")
+    changed = _differing_settings(cfg, old_cfg, ignore=("save_every",))
     m0 = rd(d / "metrics-00_data.json")
     tokens = {rd(r / "metrics-00_data.json")["generated_tokens"] for r in (d, e, t)}
     if changed != ["draft_vocab"] or len(tokens) != 1:
         raise ValueError(f"{d}, {e}, {t}: not the same data and recipe up to the draft vocabulary (stage-02 settings "
                          f"that differ: {changed}; stage-00 tokens {sorted(tokens)})")
     t_cfg = rd(t / "config-02_drafter_pretrain.json")
-    t_changed = sorted(k for k in set(cfg) & set(t_cfg) if cfg[k] != t_cfg[k] and k != "save_every")
+    t_changed = _differing_settings(cfg, t_cfg, ignore=("save_every",))
     if t_changed != ["draft_vocab"]:
         raise ValueError(f"{d} and {t}: stage-02 settings that differ: {t_changed} (only the vocabulary may)")
     m2, mt = rd(d / "metrics-02_drafter_pretrain.json"), rd(t / "metrics-02_drafter_pretrain.json")

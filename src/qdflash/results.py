@@ -460,8 +460,9 @@ def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
     out = (f"\nThe regime drafter on this CPU (`{rel(dq.parent)}/`, README there):\n\n"
            + table_markdown(drafter_quant_table(dq)[keep], f"Stage 04 on this CPU for the GPU-trained drafter of "
                             f"`{rel(gpu_run)}/`: the CPU `smol` QAD W4A16 target, reference decoder, greedy, fp32, "
-                            f"{m['eval_prompts']} held-out prompts x {m['eval_new_tokens']} tokens, one run (fp32: the drafter as it "
-                            f"came back in bf16, decoded in fp32; p0-p3: acceptance at draft positions 1-4)", LEVEL))
+                            f"{m['eval_prompts']} held-out prompts x {m['eval_new_tokens']} tokens, one run (fp32: the "
+                            f"drafter as it came back in bf16, decoded in fp32; p0-p3: acceptance at draft positions "
+                            f"1-4)", LEVEL))
     if finetunes:
         out += ("\nThe same drafter finetuned on this CPU first, against its QAD target (`gpu_drafter_on_cpu.py "
                 "--finetune`):\n\n" + "".join(cpu_finetune_text(f) for f in finetunes))

@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from .decode_stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
-from .vllm_jobs import check_servable_drafter, vllm_env, vllm_python
+from .vllm_jobs import check_servable_drafter, unexported_draft_vocab, vllm_env, vllm_python
 
 
 def served_drafter(drafter: str, target: str, out_dir: str | Path, heads: dict | None = None) -> str:
@@ -33,8 +33,7 @@ def served_drafter(drafter: str, target: str, out_dir: str | Path, heads: dict |
     rows, written to ``out_dir`` (named after both; written again on every call, seconds, so that a re-quantized
     drafter or another run's of the same name is never served stale). ``heads`` caches lm_heads by target."""
     from .drafter import export_draft_vocab_for_vllm
-    cfg = json.loads((Path(drafter) / "config.json").read_text())
-    if not (cfg.get("dflash_config") or {}).get("draft_vocab_size") or cfg.get("draft_vocab_size"):
+    if not unexported_draft_vocab(drafter):
         return drafter                        # whole vocabulary, or already exported
     heads = {} if heads is None else heads
     if target not in heads:

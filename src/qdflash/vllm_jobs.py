@@ -47,17 +47,25 @@ def all_cores_env() -> dict:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(len(cores)))}
 
 
+def unexported_draft_vocab(drafter: str | None) -> int:
+    """The size of ``drafter``'s reduced draft vocabulary when it is still in this package's form (``d2t`` = the token
+    ids), which vLLM would misread; 0 for no drafter, a whole-vocabulary one, or an export
+    (``drafter.export_draft_vocab_for_vllm``: EAGLE-3's form, top-level ``draft_vocab_size``, ``d2t`` as offsets)."""
+    if not drafter:
+        return 0
+    cfg_path = Path(drafter) / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    n = (cfg.get("dflash_config") or {}).get("draft_vocab_size")
+    return int(n) if n and cfg.get("draft_vocab_size") != n else 0
+
+
 def check_servable_drafter(drafter: str | None) -> None:
     """vLLM's ``dflash`` model reads a reduced draft vocabulary in EAGLE-3's form (top-level ``draft_vocab_size``,
     its own ``lm_head``, ``d2t`` as offsets); a drafter saved by this package keeps the token ids themselves in
     ``d2t`` and would propose wrong tokens there, so it is refused in one line until exported
     (``drafter.export_draft_vocab_for_vllm``)."""
-    if not drafter:
-        return
-    cfg_path = Path(drafter) / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
-    n = (cfg.get("dflash_config") or {}).get("draft_vocab_size")
-    if n and cfg.get("draft_vocab_size") != n:
+    n = unexported_draft_vocab(drafter)
+    if n:
         raise ValueError(f"{drafter} has a reduced draft vocabulary ({n} tokens) in this package's form; export it "
                          "for vLLM first (qdflash.drafter.export_draft_vocab_for_vllm)")
 
