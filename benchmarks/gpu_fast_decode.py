@@ -25,12 +25,15 @@ graph, ``FastDecoder(fused=True)``; on the CPU without compile, a smoke check). 
 Eager runs are slow on a GPU (Python-bound), so they use the first ``--eager-prompts`` prompts only (0: none).
 ``--rounds N`` then times plain against each drafter in the ``--headline-mode`` (``headline.reference_mode``) in N
 alternating rounds on the decoders already warmed up (median and range of the per-round speedup), each drafter's
-right after its own pass. Writes JSON with the command, the git SHA and
-the environment.
+right after its own pass. Plain decoding in the rounds runs on its own copy of the target: a drafter's decoder hooks
+the target's layers to capture features, and a compiled plain step that saw those hooks recompiled with them
+(`run-1207d-h100/`: the first round's plain pass at a fifth of its speed, the others ~10% below plain's own pass).
+Writes JSON with the command, the git SHA and the environment.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shlex
 import sys
@@ -244,9 +247,10 @@ def main(argv: list[str] | None = None) -> dict:
     res["launch"] = launch_times(device)
     print(f"weights {wbytes / 1e6:.1f} MB, floor {floor:.0f} tok/s; launch {res['launch']}", flush=True)
 
-    def fast_decoder(drafter, compiled: bool, window: int | None = None, fused: bool = False
+    def fast_decoder(drafter, compiled: bool, window: int | None = None, fused: bool = False, on=None
                      ) -> tuple[FastDecoder, float]:
-        fd = FastDecoder(target, drafter, max_len=max_len, window=window, compile=compiled, fused=fused)
+        fd = FastDecoder(target if on is None else on, drafter, max_len=max_len, window=window, compile=compiled,
+                         fused=fused)
         t = time.perf_counter()
         for _ in range(3 if compiled else 1):          # warm-up (compile, cudagraph warm-up and record)
             fd.generate(prompts[0], min(n, 16 + max_B))
@@ -276,8 +280,10 @@ def main(argv: list[str] | None = None) -> dict:
     # drafter's decoder is timed and closed right after its own pass, so no parked hooks reach later graphs)
     plain_kept: FastDecoder | None = None
     plain_runs: dict[str, list[GenResult]] = {}
+    # the rounds' plain decoder: on its own copy of the target, which no drafter's capture hooks ever touch
+    plain_target = copy.deepcopy(target) if a.rounds else None
     for mode, (compiled, fused) in modes.items():
-        fd, warm = fast_decoder(None, compiled, fused=fused)
+        fd, warm = fast_decoder(None, compiled, fused=fused, on=plain_target if mode == ref_mode else None)
         plain_runs[mode] = decode(fd.generate, prompts, n)
         plain[mode] = summarize(plain_runs[mode], False) | {"warmup_s": warm}
         if eager_plain:
@@ -323,7 +329,11 @@ def main(argv: list[str] | None = None) -> dict:
             # a fused step cannot be split: draft and verify times come from the unfused modes
             split = None if fused else [fd.generate(p, n, split_timing=True) for p in prompts]
             if mode == ref_mode and a.rounds:       # its rounds, on this warmed-up decoder, before it is closed
-                res.setdefault("timing", {})[name] = timing_rounds(plain_kept, fd, prompts, n, a.rounds)
+                t = timing_rounds(plain_kept, fd, prompts, n, a.rounds)
+                first = plain[mode]["tokens_per_s"]
+                res.setdefault("timing", {})[name] = t | {
+                    "plain_target": "own copy", "plain_first_pass_tokens_per_s": first,
+                    "plain_rounds_over_first_pass": t["plain_tokens_per_s"]["median"] / first}
             fd.close()
             st = summarize(runs, True) | {"warmup_s": warm}
             st["vs_plain"] = compare(target, prompts, plain_runs[mode], runs)

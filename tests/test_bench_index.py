@@ -295,3 +295,45 @@ def test_the_cpu_finetune_line_pairs_two_stage_with_pretrain():
         text = cpu_finetune_text(d)
         assert f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f}), paired" in text
         assert f"lr {json.loads((d / 'config.json').read_text())['lr']:g}," in text
+
+
+def test_the_repeat_summary_pairs_the_two_runs_and_refuses_another_recipe(tmp_path):
+    """gpu_xl_repeat_summary pairs run 2's two-stage drafter with run 1's on the same prompts and gives each run's own
+    two-stage gain (a swapped run or row would fail), its stage-04 line is minus stage 04's fp32-minus-quantized
+    difference, and a run whose stage 02 differs is refused."""
+    import shutil
+
+    from qdflash.decode_stats import paired_bootstrap, results_from_json
+    from qdflash.gpu_results import gpu_xl_repeat_summary
+    d, e = (BENCH / f"smol-gpu-xl/run-{n}-h100" for n in ("1207d", "1207"))
+    g = lambda p, row: results_from_json(json.loads(p.read_text())["results"][row])      # noqa: E731
+    txt = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"     # noqa: E731
+    text = gpu_xl_repeat_summary(d, e)
+    for run in (d, e):
+        gain = paired_bootstrap(g(run / "decode-qad.json", "two_stage"), g(run / "decode-qad.json", "pretrain"))
+        assert txt(gain) in text
+    again = paired_bootstrap(g(d / "decode-qad.json", "two_stage"), g(e / "decode-qad.json", "two_stage"))
+    assert f"two-stage drafter {txt(again)}" in text
+    q = json.loads((d / "metrics-04_drafter_quant.json").read_text())["table"]["w4a16"]["paired_tau_diff"]["fp32"]
+    assert f"W4A16 GPTQ drafter minus fp32 {q['diff']:+.3f} ({q['diff_ci95'][0]:+.3f} to {q['diff_ci95'][1]:+.3f})" in text
+    other = tmp_path / "other"
+    shutil.copytree(d, other)
+    c = json.loads((other / "config-02_drafter_pretrain.json").read_text())
+    (other / "config-02_drafter_pretrain.json").write_text(json.dumps({**c, "epochs": 3}))
+    with pytest.raises(ValueError, match="stage 02 differs in epochs"):
+        gpu_xl_repeat_summary(other, e)
+
+
+def test_the_speed_pass_line_quotes_one_pass_and_no_rounds_that_shared_the_target(tmp_path):
+    """gpu_speed_pass_text gives the one timed pass's speed-up with its interval over prompts; rounds saved before the
+    rounds' plain decoder had its own target are not quoted as a speed-up (their median is absent), rounds after are."""
+    from qdflash.gpu_results import gpu_speed_pass_text
+    f = BENCH / "smol-gpu-xl/run-1207d-h100/speed-qad-pretrain.json"
+    r = json.loads(f.read_text())
+    sp, t = r["speculative"]["pretrain"]["fused"], r["timing"]["pretrain"]
+    text = gpu_speed_pass_text(f, "pretrain")
+    assert f"**{sp['speedup']:.2f}x ({sp['speedup_ci95'][0]:.2f}-{sp['speedup_ci95'][1]:.2f} over prompts)" in text
+    assert "no speed-up" in text and f"median **{t['speedup']['median']:.2f}x**" not in text
+    fixed = {**t, "plain_target": "own copy", "plain_rounds_over_first_pass": 1.01}
+    (tmp_path / "s.json").write_text(json.dumps({**r, "timing": {"pretrain": fixed}}))
+    assert f"median **{t['speedup']['median']:.2f}x**" in gpu_speed_pass_text(tmp_path / "s.json", "pretrain")

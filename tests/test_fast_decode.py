@@ -347,10 +347,23 @@ def test_gpu_fast_decode_times_plain_against_the_drafter_in_alternating_rounds(t
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setattr("sys.argv", ["gpu_fast_decode.py"])
+    # the rounds' plain decoder runs on a target that carries none of the drafter decoder's capture hooks (a compiled
+    # plain step that saw them recompiled with them: run-1207d-h100's rounds)
+    seen, rounds = [], mod.timing_rounds
+
+    def checked(plain_fd, spec_fd, *args):
+        plain_hooks = {id(m._forward_hooks) for m in plain_fd.target.modules()}
+        seen.append(bool(spec_fd._hooks) and all(id(h.hooks_dict_ref()) not in plain_hooks for h in spec_fd._hooks))
+        return rounds(plain_fd, spec_fd, *args)
+    monkeypatch.setattr(mod, "timing_rounds", checked)
     out = tmp_path / "fd.json"
     mod.main(["--device", "cpu", "--target", "tiny", "--dtype", "float32", "--drafter", "random", "--prompts", "2",
               "--eager-prompts", "1", "--new-tokens", "12", "--modes", "fast", "--rounds", "3", "--out", str(out)])
+    assert seen == [True]
     t = json.loads(out.read_text())["timing"]["random"]
+    assert t["plain_target"] == "own copy"
+    assert t["plain_rounds_over_first_pass"] == pytest.approx(
+        t["plain_tokens_per_s"]["median"] / t["plain_first_pass_tokens_per_s"])
     assert t["rounds"] == 3 and t["prompts"] == 2 and t["same_tokens"] == {"plain": True, "spec": True}
     assert t["speedup"]["median"] == pytest.approx(statistics.median(t["speedup_per_round"]))
     assert t["speedup"]["min"] <= t["speedup"]["median"] <= t["speedup"]["max"]

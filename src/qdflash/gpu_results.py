@@ -120,6 +120,45 @@ def vllm_rounds_text(path: str | Path) -> str:
             + (f"; greedy outputs differing from plain in the first round: {miss}" if miss is not None else "") + ".\n")
 
 
+def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
+                           vllm_pairs: list[tuple[str | Path, str | Path]]) -> str:
+    """One Markdown line: two GPU-pretrained drafters that differ in their draft vocabulary, on the same CPU target
+    (each a stage-04 folder of ``gpu_drafter_on_cpu.py``, decoded on the same prompts): the fp32 drafters' tau, paired
+    over prompts, their drafter ms per step in the reference decoder, then per (whole, reduced) pair of
+    ``verify_cost_k.py --rounds`` JSONs on the same prompts each one's best k and its rounds' median speed-up, with the
+    verdict only where the rounds' ranges do not overlap. Every number from the JSONs."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
+    dirs = {"whole": Path(whole_dq), "reduced": Path(reduced_dq)}
+    grids = {n: json.loads((d / "decode-04.json").read_text()) for n, d in dirs.items()}
+    if grids["whole"]["prompts"] != grids["reduced"]["prompts"]:
+        raise ValueError(f"{whole_dq} and {reduced_dq} decoded other prompts")
+    res = {n: results_from_json(g["results"]["fp32"]) for n, g in grids.items()}
+    tau = {n: acceptance_stats(r) for n, r in res.items()}
+    ms = {n: json.loads((d / "metrics.json").read_text())["table"]["fp32"]["drafter_ms_per_step"] for n, d in dirs.items()}
+    parts = []
+    for whole_vllm, reduced_vllm in vllm_pairs:
+        v = {n: json.loads(Path(f).read_text()) for n, f in (("whole", whole_vllm), ("reduced", reduced_vllm))}
+        if v["whole"]["prompt_tokens"] != v["reduced"]["prompt_tokens"]:
+            raise ValueError(f"{whole_vllm} and {reduced_vllm} timed other prompts")
+        t = {n: r["timing_rounds"] for n, r in v.items()}
+        k_tau = {n: r["results"][f"qad-spec-k{t[n]['k']}"]["tau"] for n, r in v.items()}
+        src = ("the CPU run's val split" if v["whole"].get("prompts_from", "val").startswith("val")
+               else f"`{Path(v['whole']['prompts_from']).parent.name}/`'s grid")
+        sp = {n: t[n]["speedup"] for n in t}
+        apart = sp["whole"]["max"] < sp["reduced"]["min"] or sp["reduced"]["max"] < sp["whole"]["min"]
+        parts.append(f"on {sum(len(x) for x in v['whole']['prompt_tokens'].values())} prompts of {src}, best k "
+                     f"{t['whole']['k']} (tau {k_tau['whole']:.2f}) against {t['reduced']['k']} (tau {k_tau['reduced']:.2f}), "
+                     f"median speed-up over {t['whole']['rounds']} rounds **{sp['whole']['median']:.3f}x against "
+                     f"{sp['reduced']['median']:.3f}x** (ranges {sp['whole']['min']:.3f}-{sp['whole']['max']:.3f} and "
+                     f"{sp['reduced']['min']:.3f}-{sp['reduced']['max']:.3f}" + ("; apart" if apart else "; overlapping")
+                     + ")")
+    return (f"- The whole vocabulary against the 8K one on this CPU's target (two GPU-pretrained drafters, one seed "
+            f"each): fp32 tau {tau['whole']['tau']:.3f} against {tau['reduced']['tau']:.3f}, whole minus 8K "
+            f"{_paired_text(paired_bootstrap(res['whole'], res['reduced']))} paired over the same "
+            f"{len(res['whole'])} prompts; drafter {ms['whole']:.1f} against {ms['reduced']:.1f} ms a step (reference "
+            f"decoder, fp32). On vLLM (W4A16 drafters): " + "; ".join(parts) + ".\n")
+
+
 def cpu_finetune_text(stage_dir: str | Path) -> str:
     """One Markdown line for stage 03 run on the CPU over a GPU-pretrained drafter (``gpu_drafter_on_cpu.py
     --finetune``): its learning rate, batch and steps, the training loss at the start and end (mean of 10 steps), and
@@ -655,6 +694,112 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
         f"(CUDA graphs, fp32) {sp[0]:.2f}-{sp[1]:.2f}x. Stage 03's finetune ({m3['train']['two_stage']['steps']} steps on "
         f"the QAD target's own answers) took {m3['train']['two_stage']['train_s']:.0f} s.",
     ]) + "\n"
+
+
+def gpu_speed_pass_text(path: str | Path, drafter: str) -> str:
+    """One drafter's batch-1 speed on a GPU (``benchmarks/gpu_fast_decode.py``, its headline mode): plain and
+    speculative tok/s of the one timed pass with the speed-up's interval over prompts, the plain step against the
+    weight-bandwidth floor, the outputs that differ from plain greedy, the tau that 2.0x needs at this step cost, and
+    the alternating rounds where they ran. Rounds whose plain decoder shared the drafter's target (before
+    ``plain_target``: its capture hooks slowed the compiled plain step) are reported as such, not as a speed-up."""
+    r = read_json(path)
+    mode = r["headline"]["reference_mode"]
+    pl, sp = r["plain"][mode], r["speculative"][drafter][mode]
+    lo, hi = sp["speedup_ci95"]
+    vs = sp["vs_plain"]
+    gaps = [x["top1_top2_logit_gap"] for x in vs["divergences"]]
+    text = (f"- Batch-1 speed ({r['device']}, {r['dtype']}, `{mode}` decoder: CUDA graphs"
+            + (", draft, verify and the target's argmax in one graph a step" if mode == "fused" else "")
+            + f"; `{drafter}` drafter; {pl['prompts']} held-out prompts x {r['new_tokens']} tokens; commit "
+            f"{r['git_sha'][:7]}; `{Path(path).name}`): plain {pl['tokens_per_s']:.0f} tok/s ({pl['step_ms']:.2f} ms a "
+            f"step, {100 * pl['fraction_of_floor']:.1f}% of the weight-bandwidth floor: "
+            f"{r['plain']['kernels_per_step']['fast']:,.0f} kernels a step), speculative {sp['tokens_per_s']:.0f} tok/s "
+            f"at tau {sp['tau']:.3f} ({sp['tau_ci95'][0]:.3f}-{sp['tau_ci95'][1]:.3f}; {sp['step_ms']:.2f} ms a step): "
+            f"**{sp['speedup']:.2f}x ({lo:.2f}-{hi:.2f} over prompts), one timed pass**; at these step costs 2.0x "
+            f"needs tau ~{2.0 * sp['tau'] / sp['speedup']:.2f} (the speed-up scaled with tau). "
+            f"{vs['mismatched_outputs']} of {vs['of']} outputs "
+            f"differ from plain greedy in {r['dtype']}"
+            + (f", each first at a top-1/top-2 logit gap <= {max(gaps):.3f} (near-ties)" if gaps else "") + ".")
+    t = (r.get("timing") or {}).get(drafter)
+    if not t:
+        return text + "\n"
+    rounds = ", ".join(f"{x:.2f}" for x in t["speedup_per_round"])
+    ps, ss = t["plain_tokens_per_s"], t["spec_tokens_per_s"]
+    if t.get("plain_target") == "own copy":
+        text += (f" Then {t['rounds']} alternating rounds: median **{t['speedup']['median']:.2f}x** (rounds: {rounds}; "
+                 f"plain {ps['median']:.0f} tok/s, {t['plain_rounds_over_first_pass']:.2f}x its own pass; speculative "
+                 f"{ss['median']:.0f}).")
+    else:
+        text += (f" The {t['rounds']} alternating rounds that followed are no speed-up: their plain decoder ran on the "
+                 f"drafter decoder's target, whose feature-capture hooks its compiled step then recompiled with (round "
+                 f"speed-ups {rounds}; plain {ps['min']:.0f}-{ps['max']:.0f} tok/s, median {ps['median']:.0f} against "
+                 f"{pl['tokens_per_s']:.0f} in its own pass). Their speculative side is steady: median {ss['median']:.0f} "
+                 f"tok/s ({ss['min']:.0f}-{ss['max']:.0f}), {ss['median'] / pl['tokens_per_s']:.2f}x plain's own "
+                 f"pass. `gpu_fast_decode.py` now gives the rounds' plain decoder its own copy of the target.")
+    return text + "\n"
+
+
+def gpu_xl_repeat_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
+    """Markdown lines for a repeat of ``earlier_run``'s ``smol-gpu-xl`` recipe (``gpu_xl.sh go`` with
+    ``XL_SPEED=pretrain``, stages 00-04 and the speed pass): minutes per stage, the drafters paired over the same
+    held-out prompts with ``earlier_run``'s (the same preset, data and seed: GPU training is not bit-reproducible, so
+    the pair is two runs of one recipe), the two-stage gain in each run, stage 04's quantized drafters at this tau, and
+    the batch-1 speed pass. Every number read from its JSON."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
+    d, e = Path(run_dir), Path(earlier_run)
+    rd = read_json
+    grids = {t: rd(d / f"decode-{t}.json") for t in ("fp", "qad")}
+    old = {t: rd(e / f"decode-{t}.json") for t in ("fp", "qad")}
+    for t in grids:
+        if _grids_differ(grids[t], old[t], ("prompts",)):
+            raise ValueError(f"{d} and {e} decoded other prompts or plain outputs on the {t} target")
+    cfg = _differing_settings(rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json"),
+                              ("save_every",))
+    if cfg:
+        raise ValueError(f"{d} is no repeat of {e}: stage 02 differs in {', '.join(cfg)}")
+    m0, m1, m4 = rd(d / "metrics-00_data.json"), rd(d / "metrics-01_qad.json"), rd(d / "metrics-04_drafter_quant.json")
+    if m0["generated_tokens"] != rd(e / "metrics-00_data.json")["generated_tokens"]:
+        raise ValueError(f"{d} and {e} did not regenerate the same stage-00 data")
+    res = {(t, k): results_from_json(v) for t, g in grids.items() for k, v in g["results"].items()}
+    was = {(t, k): results_from_json(v) for t, g in old.items() for k, v in g["results"].items()}
+    tau = {k: acceptance_stats(v) for k, v in res.items() if k[1] != "plain"}
+    ok = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
+    stages = [s for s in ("00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant") if s in ok]
+    cut = [s[:2] for s in stages_cut(d / "stage_times.txt")]
+    ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
+    two, pre = tau[("qad", "two_stage")], tau[("qad", "pretrain")]
+    gain = {"new": paired_bootstrap(res[("qad", "two_stage")], res[("qad", "pretrain")]),
+            "old": paired_bootstrap(was[("qad", "two_stage")], was[("qad", "pretrain")])}
+    q = m4["table"]["fp32"]["paired_tau_diff"]
+    neg = lambda p: f"{-p['diff']:+.3f} ({-p['diff_ci95'][1]:+.3f} to {-p['diff_ci95'][0]:+.3f})"    # noqa: E731
+    swa = m4["table"][f"fp32-swa{m4['swa_window']}"]
+    lines = [
+        f"- One {_gpu_of(d)}, commit {m0['git_sha'][:7]}, the preset unchanged: `{e.name}/`'s recipe again (same data "
+        f"config, seed and drafter; GPU training is not bit-reproducible, so this is a second run, not a second seed). "
+        f"Minutes per stage (calls of at most 10 minutes; stages {' and '.join(cut)} cut at a call's limit and "
+        f"resumed): " + ", ".join(f"{s[:2]} {ok[s]:.1f}" for s in stages)
+        + f": **{sum(ok[s] for s in stages):.1f} minutes for stages {stages[0][:2]}-{stages[-1][:2]}** of one "
+        f"session's calls. Stage 00 regenerated the same {m0['regeneration']['output_tokens']:,} tokens at "
+        f"{m0['regeneration']['output_tokens_per_s'] / 1e3:.1f}K output tok/s; stage 01's held-out KL "
+        f"{m1['qad_vs_gptq_kl']['ratio']:.2f}x GPTQ's.",
+        f"- On the QAD target (the same {len(grids['qad']['prompts'])} held-out real prompts x "
+        f"{grids['qad']['max_new_tokens']} tokens, fp32 CUDA-graph decoder) the two-stage drafter decodes at "
+        f"**tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, the pretrained one {pre['tau']:.3f} "
+        f"({ci(pre['tau_ci95'])}): two-stage gain {_paired_text(gain['new'])}, paired over prompts; in `{e.name}/` "
+        f"{_paired_text(gain['old'])}. This run minus `{e.name}/`, paired: two-stage drafter "
+        f"{_paired_text(paired_bootstrap(res[('qad', 'two_stage')], was[('qad', 'two_stage')]))}, pretrained drafter on the "
+        f"FP target {_paired_text(paired_bootstrap(res[('fp', 'pretrain')], was[('fp', 'pretrain')]))}. Acceptance by draft "
+        f"position of the two-stage drafter: " + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + ".",
+        f"- Stage 04 at this tau, paired over the same prompts (per position in the table below): W4A16 GPTQ drafter "
+        f"minus fp32 {neg(q['w4a16'])}, W8A16 RTN {neg(q['w8a16'])}; disk {m4['disk_bytes']['w4a16'] / 2**20:.1f} and "
+        f"{m4['disk_bytes']['w8a16'] / 2**20:.1f} MB against {m4['bf16_bytes'] / 2**20:.1f} MB in bf16. Served with a "
+        f"{m4['swa_window']}-token window it was not trained with: tau {swa['tau']:.3f} ({ci(swa['tau_ci95'])}).",
+    ]
+    speed = d / "speed-qad-pretrain.json"
+    if speed.exists():
+        lines.append(gpu_speed_pass_text(speed, "pretrain").rstrip("\n").replace(
+            "`pretrain` drafter", "the pretrained drafter (stage 02's, on the QAD target: no stage 03 yet)"))
+    return "\n".join(lines) + "\n"
 
 
 def _batch_of(n_train: int, epochs: int, steps: int) -> int | None:

@@ -165,6 +165,17 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
                 notes.append(f"`smol-gpu-xl`: 50K conversations (40% written by the target itself), a 4-layer drafter "
                              f"trained {epochs} epochs; stages 00-03 ran on one H100 (`{rel(reads[0].parent)}/`), one "
                              f"training seed.")
+        if show == "gpu_xl_repeat" and all(p.exists() for p in reads):
+            again = _grid_rows(reads[0], "`smol-gpu-xl` 03, run 2", "pretrain")
+            m4 = reads[0].parent / "metrics-04_drafter_quant.json"
+            if again:
+                rows += again
+                if m4.exists():
+                    q = read_json(m4)["table"]["w4a16"]["paired_tau_diff"]["fp32"]
+                    rows.append(_diff_row("fp32", "`smol-gpu-xl` 04, run 2", q, "W4A16 GPTQ"))
+                notes.append(f"`smol-gpu-xl` run 2: the same recipe again, stages 00-04 on one H100 in one session "
+                             f"(`{rel(reads[0].parent)}/`); GPU training is not bit-reproducible, so it is a second "
+                             f"run, not a second seed.")
         if show == "gpu_seeds" and all(p.exists() for p in reads):
             seeds = _seeds_rows(reads[0])
             if seeds:
@@ -247,9 +258,9 @@ def _interval(d: dict, key: str, n_key: str, over: str) -> str:
 _TAU_ROW = "tau of the two-stage drafter on the QAD W4A16 target (decoded, greedy)"
 
 
-def _diff_row(other: str, stage: str, d: dict) -> tuple[str, str, str, str]:
+def _diff_row(other: str, stage: str, d: dict, what: str = "two-stage") -> tuple[str, str, str, str]:
     lo, hi = d["diff_ci95"]
-    return (f"two-stage minus {other} drafter tau, paired over the same prompts", stage, f"{d['diff']:+.3f}",
+    return (f"{what} minus {other} drafter tau, paired over the same prompts", stage, f"{d['diff']:+.3f}",
             f"{lo:+.3f}–{hi:+.3f}")
 
 
@@ -445,6 +456,20 @@ def _gpu_xl_vocab(reads: list[Path], root: Path) -> str:
             + gpu_xl_vocab_summary(run, whole, timing))
 
 
+def _gpu_xl_repeat(reads: list[Path], root: Path) -> str:
+    """A second run of the preset's recipe, stages 00-04 and the speed pass (reads: its ``decode-qad.json``, then the
+    earlier run's): the summary lines, then stage 04's per-position differences at the regime tau."""
+    from .figures import quant_positions_table, table_markdown
+    from .gpu_results import gpu_xl_repeat_summary
+    run, earlier = (r.parent for r in reads)
+    out = (f"\n`smol-gpu-xl` again, stages 00-04 and batch-1 speed (`{rel(run)}/`):\n\n"
+           + gpu_xl_repeat_summary(run, earlier))
+    qp = quant_positions_table(run)
+    return out + ("\n" + table_markdown(qp.iloc[:, :4], "Stage 04 on the GPU at the regime tau: quantized minus fp32 "
+                                        "two-stage drafter, acceptance at draft positions 1-4 on the QAD target, paired "
+                                        "over the same prompts (95% CI; one training seed)", LEVEL) if not qp.empty else "")
+
+
 def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
     """A GPU-trained regime drafter on this CPU (reads: the GPU run's stage-02 metrics, the CPU stage-04 metrics.json,
     then verify_cost_k.py JSONs and stage-03 folders of gpu_drafter_on_cpu.py --finetune): stage 04's table, the
@@ -482,6 +507,17 @@ def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
                                       f"tokens, one pass per row (`{rel(f)}`)", LEVEL)
                 + "\n" + vllm_rounds_text(f))
     return out
+
+
+def _regime_drafter_cpu_vocab(reads: list[Path], root: Path) -> str:
+    """The whole-vocabulary regime drafter on this CPU (reads: its GPU run's stage-02 metrics, its CPU stage-04
+    metrics.json and two verify_cost_k.py JSONs, as for ``_regime_drafter_cpu``; last the 8K drafter's stage-04
+    metrics.json and its two vLLM JSONs on the same prompts, in the same order): that section, then the two
+    vocabularies side by side."""
+    from .gpu_results import cpu_vocab_compare_text
+    whole, reduced, reduced_vllm = reads[:-3], reads[-3], reads[-2:]
+    return (_regime_drafter_cpu(whole, root) + "\n"
+            + cpu_vocab_compare_text(whole[1].parent, reduced.parent, list(zip(whole[2:4], reduced_vllm))))
 
 
 def _regime_curve(reads: list[Path], root: Path) -> str:
@@ -570,8 +606,10 @@ SECTIONS = {
     "gpu_xl_steps": _gpu_xl_steps,
     "gpu_xl_epochs": _gpu_xl_epochs,
     "gpu_xl_vocab": _gpu_xl_vocab,
+    "gpu_xl_repeat": _gpu_xl_repeat,
     "regime_curve": _regime_curve,
     "regime_drafter_cpu": _regime_drafter_cpu,
+    "regime_drafter_cpu_vocab": _regime_drafter_cpu_vocab,
     "draft_vocab": _draft_vocab,
     "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
