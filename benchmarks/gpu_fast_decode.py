@@ -26,8 +26,9 @@ Eager runs are slow on a GPU (Python-bound), so they use the first ``--eager-pro
 ``--rounds N`` then times plain against each drafter in the ``--headline-mode`` (``headline.reference_mode``) in N
 alternating rounds on the decoders already warmed up (median and range of the per-round speedup), each drafter's
 right after its own pass. Plain decoding in the rounds runs on its own copy of the target: a drafter's decoder hooks
-the target's layers to capture features, and a compiled plain step that saw those hooks recompiled with them
-(`run-1207d-h100/`: the first round's plain pass at a fifth of its speed, the others ~10% below plain's own pass).
+the target's layers to capture features, and when the rounds' plain decoder shared that target
+(`run-1207d-h100/`) its first round ran at a fifth of its own pass's speed and the others ~10% below it, most likely
+its compiled step recompiling with the hooks in place; the rounds record how many graphs were compiled while they ran.
 Writes JSON with the command, the git SHA and the environment.
 """
 from __future__ import annotations
@@ -107,7 +108,7 @@ def divergence(target, prompt: list[int], ref: list[int], other: list[int]) -> d
 def compare(target, prompts, ref: list[GenResult], other: list[GenResult]) -> dict:
     bad = [(p, a.tokens, b.tokens) for p, a, b in zip(prompts, ref, other) if a.tokens != b.tokens]
     return {"mismatched_outputs": len(bad), "of": len(other),
-            "divergences": [divergence(target, p, a, b) for p, a, b in bad[:8]]}
+            "divergences": [divergence(target, p, a, b) for p, a, b in bad]}
 
 
 def launch_times(device: torch.device, n: int = 3000) -> dict:
@@ -171,13 +172,16 @@ def timing_rounds(plain_fd: FastDecoder, spec_fd: FastDecoder, prompts, n: int, 
     order alternating from round to round (``serving.interleaved_timing_jobs``), each round decoding every prompt:
     tokens/s per side and the per-round speedup's median and range (``serving.timing_summary``)."""
     from qdflash.serving import interleaved_timing_jobs, timing_summary
+    from torch._dynamo.utils import counters
     fds = {"plain": plain_fd, "spec": spec_fd}
     results = {}
+    graphs = counters["stats"]["unique_graphs"]
     for job, side in interleaved_timing_jobs({"side": "plain"}, {"side": "spec"}, rounds).items():
         runs = [fds[side["side"]].generate(p, n, split_timing=False) for p in prompts]
         st = summarize(runs, False)
         results[job] = {"output_tokens_per_s": st["tokens_per_s"], "tokens": [r.tokens for r in runs]}
-    return timing_summary(results) | {"prompts": len(prompts)}
+    return timing_summary(results) | {"prompts": len(prompts),
+                                      "graphs_compiled_during_rounds": counters["stats"]["unique_graphs"] - graphs}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -276,11 +280,11 @@ def main(argv: list[str] | None = None) -> dict:
     if ref_mode not in modes:
         ap.error(f"--headline-mode {ref_mode} is not among the modes run ({', '.join(modes)})")
     res["headline"] = {"reference_mode": ref_mode}     # completed at the end; a cut run's JSON names its mode too
-    # the headline mode's warmed-up plain decoder, for --rounds (a plain decoder installs no hooks on the target; each
-    # drafter's decoder is timed and closed right after its own pass, so no parked hooks reach later graphs)
+    # the headline mode's warmed-up plain decoder, for --rounds. A drafter's decoder hooks the target's layers while it
+    # is open (each is closed right after its own pass), and the rounds run while one is open: the rounds' plain
+    # decoder therefore decodes on its own copy of the target, which no drafter's capture hooks ever touch
     plain_kept: FastDecoder | None = None
     plain_runs: dict[str, list[GenResult]] = {}
-    # the rounds' plain decoder: on its own copy of the target, which no drafter's capture hooks ever touch
     plain_target = copy.deepcopy(target) if a.rounds else None
     for mode, (compiled, fused) in modes.items():
         fd, warm = fast_decoder(None, compiled, fused=fused, on=plain_target if mode == ref_mode else None)

@@ -309,11 +309,12 @@ def test_the_repeat_summary_pairs_the_two_runs_and_refuses_another_recipe(tmp_pa
     g = lambda p, row: results_from_json(json.loads(p.read_text())["results"][row])      # noqa: E731
     txt = lambda p: f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"     # noqa: E731
     text = gpu_xl_repeat_summary(d, e)
-    for run in (d, e):
-        gain = paired_bootstrap(g(run / "decode-qad.json", "two_stage"), g(run / "decode-qad.json", "pretrain"))
-        assert txt(gain) in text
+    gain = {run: paired_bootstrap(g(run / "decode-qad.json", "two_stage"), g(run / "decode-qad.json", "pretrain"))
+            for run in (d, e)}
+    assert f"two-stage gain {txt(gain[d])}, paired over prompts; in `{e.name}/` {txt(gain[e])}" in text
     again = paired_bootstrap(g(d / "decode-qad.json", "two_stage"), g(e / "decode-qad.json", "two_stage"))
-    assert f"two-stage drafter {txt(again)}" in text
+    fp = paired_bootstrap(g(d / "decode-fp.json", "pretrain"), g(e / "decode-fp.json", "pretrain"))
+    assert f"two-stage drafter {txt(again)}, pretrained drafter on the FP target {txt(fp)}" in text
     q = json.loads((d / "metrics-04_drafter_quant.json").read_text())["table"]["w4a16"]["paired_tau_diff"]["fp32"]
     assert f"W4A16 GPTQ drafter minus fp32 {q['diff']:+.3f} ({q['diff_ci95'][0]:+.3f} to {q['diff_ci95'][1]:+.3f})" in text
     other = tmp_path / "other"

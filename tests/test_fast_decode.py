@@ -362,8 +362,10 @@ def test_gpu_fast_decode_times_plain_against_the_drafter_in_alternating_rounds(t
     assert seen == [True]
     t = json.loads(out.read_text())["timing"]["random"]
     assert t["plain_target"] == "own copy"
+    assert t["plain_first_pass_tokens_per_s"] == json.loads(out.read_text())["plain"]["fast"]["tokens_per_s"]
     assert t["plain_rounds_over_first_pass"] == pytest.approx(
         t["plain_tokens_per_s"]["median"] / t["plain_first_pass_tokens_per_s"])
+    assert t["graphs_compiled_during_rounds"] == 0           # nothing compiles on the CPU's fast path
     assert t["rounds"] == 3 and t["prompts"] == 2 and t["same_tokens"] == {"plain": True, "spec": True}
     assert t["speedup"]["median"] == pytest.approx(statistics.median(t["speedup_per_round"]))
     assert t["speedup"]["min"] <= t["speedup"]["median"] <= t["speedup"]["max"]
@@ -372,6 +374,7 @@ def test_gpu_fast_decode_times_plain_against_the_drafter_in_alternating_rounds(t
               "--eager-prompts", "0", "--new-tokens", "12", "--modes", "fast,fused", "--rounds", "2", "--out", str(out)])
     r = json.loads(out.read_text())
     assert r["headline"]["reference_mode"] == "fused" and r["timing"]["random"]["rounds"] == 2
+    assert seen == [True, True]                              # the fused rounds' plain decoder has its own target too
     assert "eager" not in r["plain"] and set(r["speculative"]["random"]) >= {"fast", "fused"}
     fused, fast = r["speculative"]["random"]["fused"], r["speculative"]["random"]["fast"]
     assert fused["vs_plain"]["mismatched_outputs"] == 0 and fused["tau"] == fast["tau"]

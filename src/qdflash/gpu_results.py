@@ -126,7 +126,7 @@ def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
     (each a stage-04 folder of ``gpu_drafter_on_cpu.py``, decoded on the same prompts): the fp32 drafters' tau, paired
     over prompts, their drafter ms per step in the reference decoder, then per (whole, reduced) pair of
     ``verify_cost_k.py --rounds`` JSONs on the same prompts each one's best k and its rounds' median speed-up, with the
-    verdict only where the rounds' ranges do not overlap. Every number from the JSONs."""
+    whether the rounds' ranges are apart or overlap. Every number from the JSONs."""
     from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
     dirs = {"whole": Path(whole_dq), "reduced": Path(reduced_dq)}
     grids = {n: json.loads((d / "decode-04.json").read_text()) for n, d in dirs.items()}
@@ -712,14 +712,16 @@ def gpu_speed_pass_text(path: str | Path, drafter: str) -> str:
             + (", draft, verify and the target's argmax in one graph a step" if mode == "fused" else "")
             + f"; `{drafter}` drafter; {pl['prompts']} held-out prompts x {r['new_tokens']} tokens; commit "
             f"{r['git_sha'][:7]}; `{Path(path).name}`): plain {pl['tokens_per_s']:.0f} tok/s ({pl['step_ms']:.2f} ms a "
-            f"step, {100 * pl['fraction_of_floor']:.1f}% of the weight-bandwidth floor: "
+            f"step, {100 * pl['fraction_of_floor']:.1f}% of the weight-bandwidth floor; the uncompiled decoder launches "
             f"{r['plain']['kernels_per_step']['fast']:,.0f} kernels a step), speculative {sp['tokens_per_s']:.0f} tok/s "
             f"at tau {sp['tau']:.3f} ({sp['tau_ci95'][0]:.3f}-{sp['tau_ci95'][1]:.3f}; {sp['step_ms']:.2f} ms a step): "
             f"**{sp['speedup']:.2f}x ({lo:.2f}-{hi:.2f} over prompts), one timed pass**; at these step costs 2.0x "
             f"needs tau ~{2.0 * sp['tau'] / sp['speedup']:.2f} (the speed-up scaled with tau). "
             f"{vs['mismatched_outputs']} of {vs['of']} outputs "
             f"differ from plain greedy in {r['dtype']}"
-            + (f", each first at a top-1/top-2 logit gap <= {max(gaps):.3f} (near-ties)" if gaps else "") + ".")
+            + ((f", each first at a top-1/top-2 logit gap <= {max(gaps):.3f} (near-ties)" if len(gaps) == vs["mismatched_outputs"]
+                else f"; the first {len(gaps)} recorded first differ at top-1/top-2 logit gaps <= {max(gaps):.3f} (near-ties)")
+               if gaps else "") + ".")
     t = (r.get("timing") or {}).get(drafter)
     if not t:
         return text + "\n"
@@ -731,8 +733,8 @@ def gpu_speed_pass_text(path: str | Path, drafter: str) -> str:
                  f"{ss['median']:.0f}).")
     else:
         text += (f" The {t['rounds']} alternating rounds that followed are no speed-up: their plain decoder ran on the "
-                 f"drafter decoder's target, whose feature-capture hooks its compiled step then recompiled with (round "
-                 f"speed-ups {rounds}; plain {ps['min']:.0f}-{ps['max']:.0f} tok/s, median {ps['median']:.0f} against "
+                 f"drafter decoder's target while its feature-capture hooks were on it (most likely its compiled step "
+                 f"recompiled with them; round speed-ups {rounds}; plain {ps['min']:.0f}-{ps['max']:.0f} tok/s, median {ps['median']:.0f} against "
                  f"{pl['tokens_per_s']:.0f} in its own pass). Their speculative side is steady: median {ss['median']:.0f} "
                  f"tok/s ({ss['min']:.0f}-{ss['max']:.0f}), {ss['median'] / pl['tokens_per_s']:.2f}x plain's own "
                  f"pass. `gpu_fast_decode.py` now gives the rounds' plain decoder its own copy of the target.")
@@ -753,10 +755,10 @@ def gpu_xl_repeat_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     for t in grids:
         if _grids_differ(grids[t], old[t], ("prompts",)):
             raise ValueError(f"{d} and {e} decoded other prompts or plain outputs on the {t} target")
-    cfg = _differing_settings(rd(d / "config-02_drafter_pretrain.json"), rd(e / "config-02_drafter_pretrain.json"),
-                              ("save_every",))
-    if cfg:
-        raise ValueError(f"{d} is no repeat of {e}: stage 02 differs in {', '.join(cfg)}")
+    for stage in ("02_drafter_pretrain", "03_drafter_finetune"):
+        cfg = _differing_settings(rd(d / f"config-{stage}.json"), rd(e / f"config-{stage}.json"), ("save_every",))
+        if cfg:
+            raise ValueError(f"{d} is no repeat of {e}: stage {stage[:2]} differs in {', '.join(cfg)}")
     m0, m1, m4 = rd(d / "metrics-00_data.json"), rd(d / "metrics-01_qad.json"), rd(d / "metrics-04_drafter_quant.json")
     if m0["generated_tokens"] != rd(e / "metrics-00_data.json")["generated_tokens"]:
         raise ValueError(f"{d} and {e} did not regenerate the same stage-00 data")
@@ -776,8 +778,8 @@ def gpu_xl_repeat_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     lines = [
         f"- One {_gpu_of(d)}, commit {m0['git_sha'][:7]}, the preset unchanged: `{e.name}/`'s recipe again (same data "
         f"config, seed and drafter; GPU training is not bit-reproducible, so this is a second run, not a second seed). "
-        f"Minutes per stage (calls of at most 10 minutes; stages {' and '.join(cut)} cut at a call's limit and "
-        f"resumed): " + ", ".join(f"{s[:2]} {ok[s]:.1f}" for s in stages)
+        f"Minutes per stage (calls of at most 10 minutes; " + (f"stages {' and '.join(cut)} cut at a call's limit and "
+        f"resumed" if cut else "none cut") + "): " + ", ".join(f"{s[:2]} {ok[s]:.1f}" for s in stages)
         + f": **{sum(ok[s] for s in stages):.1f} minutes for stages {stages[0][:2]}-{stages[-1][:2]}** of one "
         f"session's calls. Stage 00 regenerated the same {m0['regeneration']['output_tokens']:,} tokens at "
         f"{m0['regeneration']['output_tokens_per_s'] / 1e3:.1f}K output tok/s; stage 01's held-out KL "

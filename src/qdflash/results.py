@@ -172,7 +172,7 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
                 rows += again
                 if m4.exists():
                     q = read_json(m4)["table"]["w4a16"]["paired_tau_diff"]["fp32"]
-                    rows.append(_diff_row("fp32", "`smol-gpu-xl` 04, run 2", q, "W4A16 GPTQ"))
+                    rows.append(_diff_row("fp32 two-stage", "`smol-gpu-xl` 04, run 2", q, "W4A16 GPTQ"))
                 notes.append(f"`smol-gpu-xl` run 2: the same recipe again, stages 00-04 on one H100 in one session "
                              f"(`{rel(reads[0].parent)}/`); GPU training is not bit-reproducible, so it is a second "
                              f"run, not a second seed.")
@@ -470,7 +470,7 @@ def _gpu_xl_repeat(reads: list[Path], root: Path) -> str:
                                         "over the same prompts (95% CI; one training seed)", LEVEL) if not qp.empty else "")
 
 
-def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
+def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime drafter on this CPU") -> str:
     """A GPU-trained regime drafter on this CPU (reads: the GPU run's stage-02 metrics, the CPU stage-04 metrics.json,
     then verify_cost_k.py JSONs and stage-03 folders of gpu_drafter_on_cpu.py --finetune): stage 04's table, the
     finetunes' lines and per-position differences, then per vLLM run its table of k and its timed rounds."""
@@ -482,7 +482,7 @@ def _regime_drafter_cpu(reads: list[Path], root: Path) -> str:
     keep = ["mean acceptance length", "tau 95% CI (prompts)", "measured by", "drafter ms/step", "disk MB", "p0", "p1",
             "p2", "p3"]
     m = read_json(reads[1])
-    out = (f"\nThe regime drafter on this CPU (`{rel(dq.parent)}/`, README there):\n\n"
+    out = (f"\n{title} (`{rel(dq.parent)}/`, README there):\n\n"
            + table_markdown(drafter_quant_table(dq)[keep], f"Stage 04 on this CPU for the GPU-trained drafter of "
                             f"`{rel(gpu_run)}/`: the CPU `smol` QAD W4A16 target, reference decoder, greedy, fp32, "
                             f"{m['eval_prompts']} held-out prompts x {m['eval_new_tokens']} tokens, one run (fp32: the "
@@ -516,7 +516,7 @@ def _regime_drafter_cpu_vocab(reads: list[Path], root: Path) -> str:
     vocabularies side by side."""
     from .gpu_results import cpu_vocab_compare_text
     whole, reduced, reduced_vllm = reads[:-3], reads[-3], reads[-2:]
-    return (_regime_drafter_cpu(whole, root) + "\n"
+    return (_regime_drafter_cpu(whole, root, "The whole-vocabulary regime drafter on this CPU") + "\n"
             + cpu_vocab_compare_text(whole[1].parent, reduced.parent, list(zip(whole[2:4], reduced_vllm))))
 
 
