@@ -43,6 +43,10 @@ def test_drafter_grid(tiny_pipeline):
             lo, hi = st["tau_ci95"]
             assert lo <= st["tau"] <= hi
             assert set(st["paired_tau_diff"]) == set(g) - {"plain", name}
+    # where the stage's seconds went: every phase, adding up to no more than the process's wall time
+    assert set(m["phase_s"]) == {"regenerate", "features", "train", "grid_fp", "grid_qad"}
+    assert all(v >= 0 for v in m["phase_s"].values()) and sum(m["phase_s"].values()) <= m["wall_time_s"]
+    assert m["phase_s"]["train"] >= m["train"]["two_stage"]["train_s"] + m["train"]["direct"]["train_s"] - 0.5
     tr = m["train"]
     # the direct ablation gets the same total budget (epochs) as pretrain + finetune
     pre = read_json(tiny_pipeline["runs"] / "02_drafter_pretrain" / "metrics.json")["train"]

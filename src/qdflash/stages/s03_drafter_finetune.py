@@ -46,16 +46,20 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
     tok = load_tokenizer(fp_spec)
     rows = load_split(data_dir, "train")
     regen = None
+    # seconds per phase, where the stage's minutes go (a stage resumed after a cut counts the resuming process only)
+    phase_s, tp = {}, time.time()
     if cfg.finetune_data == "qad":
         # the paper's finetune set: the pretraining prompts answered by the QAD model. Its dense twin computes the same
         # function as the packed W4A16 checkpoint and runs on the fast bf16 path of either backend.
         rows, regen = distributed.main_first(
             lambda: regenerate_rows(twin_dir, rows, data_dir, out / "finetune_data", progress),
             lambda: (read_jsonl(out / "finetune_data" / "train.jsonl"), None))
+    phase_s["regenerate"], tp = time.time() - tp, time.time()
     pre_meta = read_json(Path(pretrain_dir) / "metrics.json")
     pre_path = Path(pretrain_dir) / pre_meta["drafter"]
     qad_target = load_model(twin_dir, cfg.dtype)
     feats = stage_features(qad_target, twin_dir, rows, cfg, progress)
+    phase_s["features"], tp = time.time() - tp, time.time()
     ft = load_drafter(pre_path).to(qad_target.device).train()
     for p in ft.parameters():
         p.requires_grad_(True)
@@ -72,6 +76,7 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
             set_draft_vocab(direct, ft.draft_vocab.tolist())
         paths["direct"], info["direct"] = train_and_save(drafter_name(cfg, "direct"), direct, qad_target, rows, feats,
                                                          cfg, cfg.epochs + ft_epochs, out, progress)
+    phase_s["train"], tp = time.time() - tp, time.time()
     if dp is not None:
         dp.close()                               # rank 0 goes on alone (decoding grid), the others are done
         if not dp.is_main:
@@ -97,6 +102,7 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
             "temperature": cfg.temperature, "seed": cfg.seed, "decoder": cfg.decoder}, drafters, tok.eos_token_id,
             progress, walk=[n for n in drafters if n != "two_stage"] if cfg.tau_by == "walk" else ())
         del tgt
+        phase_s[f"grid_{tname}"], tp = time.time() - tp, time.time()
     groups = eval_groups(data_dir, cfg.eval_prompts)
     by_group = {t: tau_by_group(out / f"decode-{t}.json", groups) for t in grid}
     m = finish_run(out, {"train": info, "decoding": grid, "tau_by_source": by_group,
@@ -105,5 +111,6 @@ def run_drafter_finetune(cfg: DrafterConfig, out_dir, data_dir, pretrain_dir, qa
                                       **({"direct": paths["direct"].name} if "direct" in paths else {})},
                          "eval_prompts": len(prompts), "eval_new_tokens": cfg.eval_new_tokens,
                          "finetune_data": {"source": cfg.finetune_data, **(regen or {})},
-                         "features": {"cache": str(feats_path), "computed_rows": feats_computed}}, t0)
+                         "features": {"cache": str(feats_path), "computed_rows": feats_computed},
+                         "phase_s": {k: round(v, 2) for k, v in phase_s.items()}}, t0)
     return DrafterResult(out, paths, m)
