@@ -103,6 +103,14 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("config")
 
 
+def vllm_prompt_set(r: dict) -> tuple[int, str]:
+    """(how many prompts, where they came from) of a ``verify_cost_k.py`` JSON ``r``: the CPU run's val split or
+    another run's saved decoding grid."""
+    n = sum(len(v) for v in r["prompt_tokens"].values())
+    src = r.get("prompts_from", "val")
+    return n, ("the CPU run's val split" if src.startswith("val") else f"`{Path(src).parent.name}/`'s decoding grid")
+
+
 def vllm_rounds_text(path: str | Path) -> str:
     """One Markdown line for ``verify_cost_k.py --rounds``: plain decoding of the QAD target against speculation at the
     best k in alternating rounds (one vLLM process), the median speedup with its min and max over rounds, each side's
@@ -114,7 +122,7 @@ def vllm_rounds_text(path: str | Path) -> str:
     sp, a, b = t["speedup"], t["plain_tokens_per_s"], t["spec_tokens_per_s"]
     miss = t.get("greedy_mismatches_round0")
     return (f"- Plain QAD decoding against speculation at k = {t['k']} in {t['rounds']} alternating rounds (one vLLM "
-            f"process, the same {sum(len(v) for v in r['prompt_tokens'].values())} prompts x {r['max_tokens']} tokens): "
+            f"process, the same {vllm_prompt_set(r)[0]} prompts x {r['max_tokens']} tokens): "
             f"**median speedup {sp['median']:.3f}x** (min {sp['min']:.3f}, max {sp['max']:.3f}); plain "
             f"{a['median']:.1f} tok/s, speculative {b['median']:.1f} tok/s (medians)"
             + (f"; greedy outputs differing from plain in the first round: {miss}" if miss is not None else "") + ".\n")
@@ -125,7 +133,7 @@ def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
     """One Markdown line: two GPU-pretrained drafters that differ in their draft vocabulary, on the same CPU target
     (each a stage-04 folder of ``gpu_drafter_on_cpu.py``, decoded on the same prompts): the fp32 drafters' tau, paired
     over prompts, their drafter ms per step in the reference decoder, then per (whole, reduced) pair of
-    ``verify_cost_k.py --rounds`` JSONs on the same prompts each one's best k and its rounds' median speed-up, with the
+    ``verify_cost_k.py --rounds`` JSONs on the same prompts each one's best k and its rounds' median speed-up, and
     whether the rounds' ranges are apart or overlap. Every number from the JSONs."""
     from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
     dirs = {"whole": Path(whole_dq), "reduced": Path(reduced_dq)}
@@ -142,11 +150,10 @@ def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
             raise ValueError(f"{whole_vllm} and {reduced_vllm} timed other prompts")
         t = {n: r["timing_rounds"] for n, r in v.items()}
         k_tau = {n: r["results"][f"qad-spec-k{t[n]['k']}"]["tau"] for n, r in v.items()}
-        src = ("the CPU run's val split" if v["whole"].get("prompts_from", "val").startswith("val")
-               else f"`{Path(v['whole']['prompts_from']).parent.name}/`'s grid")
+        n, src = vllm_prompt_set(v["whole"])
         sp = {n: t[n]["speedup"] for n in t}
         apart = sp["whole"]["max"] < sp["reduced"]["min"] or sp["reduced"]["max"] < sp["whole"]["min"]
-        parts.append(f"on {sum(len(x) for x in v['whole']['prompt_tokens'].values())} prompts of {src}, best k "
+        parts.append(f"on {n} prompts of {src}, best k "
                      f"{t['whole']['k']} (tau {k_tau['whole']:.2f}) against {t['reduced']['k']} (tau {k_tau['reduced']:.2f}), "
                      f"median speed-up over {t['whole']['rounds']} rounds **{sp['whole']['median']:.3f}x against "
                      f"{sp['reduced']['median']:.3f}x** (ranges {sp['whole']['min']:.3f}-{sp['whole']['max']:.3f} and "
@@ -365,6 +372,15 @@ def stages_cut(path: Path) -> list[str]:
     return [s for s, v in stage_calls(path).items() if any(rc == 124 for rc, _ in v)]
 
 
+def stage_minutes(run_dir: Path) -> tuple[dict[str, float], list[str]]:
+    """({stage: minutes over the calls that worked on it}, in DAG order, for the stages the run has; [the two-digit
+    numbers of the stages a call's deadline cut]) from ``gpu_xl.sh``'s ``stage_times.txt`` (failed calls left out)."""
+    path = Path(run_dir) / "stage_times.txt"
+    secs = stage_seconds(path)
+    order = ("00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant")
+    return {s: sum(secs[s]) / 60 for s in order if s in secs}, [s[:2] for s in stages_cut(path)]
+
+
 def _paired_text(p: dict) -> str:
     """"+0.063 (+0.040 to +0.085)": a paired difference (``decode_stats.paired_bootstrap``) with its interval."""
     return f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"
@@ -447,7 +463,7 @@ def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     res = {(t, k): results_from_json(v) for t in ("fp", "qad") for k, v in rd(d / f"decode-{t}.json")["results"].items()}
     old = {(t, k): results_from_json(v) for t in ("fp", "qad") for k, v in rd(e / f"decode-{t}.json")["results"].items()}
     steps = {k: rd(d / f"step-{k}.json") for k in ("cfeat128", "cfeat128L4", "cfeat128v8k")}
-    secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
+    secs, _ = stage_minutes(d)
     ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
     tau = {k: acceptance_stats(v) for k, v in res.items() if k[1] != "plain"}
     L, L0 = cfg["num_layers"], old_cfg["num_layers"]
@@ -543,7 +559,7 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     tr, otr = m2["train"], old2["train"]
     n = tr["steps"]
     lr_at = lambda lg, step: next(r["lr"] for r in lg if r["step"] == step)     # noqa: E731
-    secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
+    secs, _ = stage_minutes(d)
     pre, g = t["drafters"]["pretrain"], m0["regeneration"]
     gpu = t["provenance"]["gpu"]
     return "\n".join([
@@ -597,7 +613,7 @@ def gpu_xl_vocab_summary(run_dir: str | Path, whole_vocab_run: str | Path, whole
     pre = results_from_json(grid["results"]["pretrain"])
     pb = paired_bootstrap(pre, results_from_json(old_grid["results"]["pretrain"]))
     st = rd(d / "tau-pretrain-fp.json")["drafters"]["pretrain"]
-    secs = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
+    secs, _ = stage_minutes(d)
     stages = [s for s in ("00_data", "02_drafter_pretrain", "01_qad") if s in secs]
     g, m1 = m0["regeneration"], rd(d / "metrics-01_qad.json")
     n = m2["draft_vocab"]["size"]
@@ -655,10 +671,9 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
     tau = {n: acceptance_stats(r) for n, r in pre.items()}
     two, two3, preq = res(grids["qad"], "two_stage"), res(old["qad"], "two_stage"), res(grids["qad"], "pretrain")
     st2, stq = acceptance_stats(two), acceptance_stats(preq)
-    ok = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}   # failed calls left out
-    cut = [s[:2] for s in stages_cut(d / "stage_times.txt")]
-    stages = [s for s in ("00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant") if s in ok]
-    total = sum(ok[s] for s in stages)
+    ok, cut = stage_minutes(d)
+    stages = list(ok)
+    total = sum(ok.values())
     layers = int(re.search(r"-L(\d+)-", m2["drafter"]).group(1))
     more = paired_bootstrap(pre["new"], pre["3"])
     sp = speedup_ci95(res(grids["qad"], "plain"), two)
@@ -696,12 +711,13 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
     ]) + "\n"
 
 
-def gpu_speed_pass_text(path: str | Path, drafter: str) -> str:
+def gpu_speed_pass_text(path: str | Path, drafter: str, label: str | None = None) -> str:
     """One drafter's batch-1 speed on a GPU (``benchmarks/gpu_fast_decode.py``, its headline mode): plain and
     speculative tok/s of the one timed pass with the speed-up's interval over prompts, the plain step against the
     weight-bandwidth floor, the outputs that differ from plain greedy, the tau that 2.0x needs at this step cost, and
     the alternating rounds where they ran. Rounds whose plain decoder shared the drafter's target (before
-    ``plain_target``: its capture hooks slowed the compiled plain step) are reported as such, not as a speed-up."""
+    ``plain_target``: its capture hooks slowed the compiled plain step) are reported as such, not as a speed-up.
+    ``label`` names the drafter in the text (default: its key in the JSON)."""
     r = read_json(path)
     mode = r["headline"]["reference_mode"]
     pl, sp = r["plain"][mode], r["speculative"][drafter][mode]
@@ -710,7 +726,7 @@ def gpu_speed_pass_text(path: str | Path, drafter: str) -> str:
     gaps = [x["top1_top2_logit_gap"] for x in vs["divergences"]]
     text = (f"- Batch-1 speed ({r['device']}, {r['dtype']}, `{mode}` decoder: CUDA graphs"
             + (", draft, verify and the target's argmax in one graph a step" if mode == "fused" else "")
-            + f"; `{drafter}` drafter; {pl['prompts']} held-out prompts x {r['new_tokens']} tokens; commit "
+            + f"; {label or f'`{drafter}` drafter'}; {pl['prompts']} held-out prompts x {r['new_tokens']} tokens; commit "
             f"{r['git_sha'][:7]}; `{Path(path).name}`): plain {pl['tokens_per_s']:.0f} tok/s ({pl['step_ms']:.2f} ms a "
             f"step, {100 * pl['fraction_of_floor']:.1f}% of the weight-bandwidth floor; the uncompiled decoder launches "
             f"{r['plain']['kernels_per_step']['fast']:,.0f} kernels a step), speculative {sp['tokens_per_s']:.0f} tok/s "
@@ -765,9 +781,8 @@ def gpu_xl_repeat_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     res = {(t, k): results_from_json(v) for t, g in grids.items() for k, v in g["results"].items()}
     was = {(t, k): results_from_json(v) for t, g in old.items() for k, v in g["results"].items()}
     tau = {k: acceptance_stats(v) for k, v in res.items() if k[1] != "plain"}
-    ok = {s: sum(v) / 60 for s, v in stage_seconds(d / "stage_times.txt").items()}
-    stages = [s for s in ("00_data", "01_qad", "02_drafter_pretrain", "03_drafter_finetune", "04_drafter_quant") if s in ok]
-    cut = [s[:2] for s in stages_cut(d / "stage_times.txt")]
+    ok, cut = stage_minutes(d)
+    stages = list(ok)
     ci = lambda x: f"{x[0]:.3f}-{x[1]:.3f}"                 # noqa: E731
     two, pre = tau[("qad", "two_stage")], tau[("qad", "pretrain")]
     gain = {"new": paired_bootstrap(res[("qad", "two_stage")], res[("qad", "pretrain")]),
@@ -799,8 +814,8 @@ def gpu_xl_repeat_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
     ]
     speed = d / "speed-qad-pretrain.json"
     if speed.exists():
-        lines.append(gpu_speed_pass_text(speed, "pretrain").rstrip("\n").replace(
-            "`pretrain` drafter", "the pretrained drafter (stage 02's, on the QAD target: no stage 03 yet)"))
+        lines.append(gpu_speed_pass_text(speed, "pretrain", "the pretrained drafter (stage 02's, on the QAD target: "
+                                         "no stage 03 yet)").rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 

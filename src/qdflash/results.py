@@ -475,7 +475,7 @@ def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime 
     then verify_cost_k.py JSONs and stage-03 folders of gpu_drafter_on_cpu.py --finetune): stage 04's table, the
     finetunes' lines and per-position differences, then per vLLM run its table of k and its timed rounds."""
     from .figures import drafter_quant_table, quant_positions_table, table_markdown
-    from .gpu_results import cpu_finetune_text, verify_cost_table, vllm_rounds_text
+    from .gpu_results import cpu_finetune_text, verify_cost_table, vllm_prompt_set, vllm_rounds_text
     gpu_run, dq = reads[0].parent, reads[1].parent
     runs = [f for f in reads[2:] if f.suffix == ".json"]
     finetunes = [f for f in reads[2:] if f.is_dir()]
@@ -497,9 +497,7 @@ def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime 
                                      "paired over the same prompts (95% CI)", LEVEL)
     for f in runs:
         r = read_json(f)
-        src = ("the CPU run's val split" if r.get("prompts_from", "val").startswith("val")
-               else f"`{Path(r['prompts_from']).parent.name}/`'s decoding grid")
-        n = sum(len(v) for v in r["prompt_tokens"].values())
+        n, src = vllm_prompt_set(r)
         vt = verify_cost_table(f)
         vt = vt.loc[:, (vt != "").any()]                # no empty column (e.g. no projection asked for)
         out += ("\n" + table_markdown(vt, f"vLLM on this CPU, batch 1: the QAD W4A16 target + "

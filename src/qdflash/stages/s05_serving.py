@@ -62,19 +62,18 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
             "max_model_len": max_model_len, "dtype": "bfloat16"}
     # a drafter with a reduced draft vocabulary is served as its export for each target (served_drafter)
     heads: dict = {}
-    pairs = [(fp_target, "fp32"), (fp_target, "w4a16"), (qad_target, "fp32"), (qad_target, "w4a16"),
-             (qad_target, "w8a16")]                                   # every (target, drafter) a job below serves
-    served = {(t, d): served_drafter(drafters[d], t, work, heads) for t, d in pairs}
+    targets = {"fp": fp_target, "qad": qad_target}
+    served_by = {"fp": ("fp32", "w4a16"), "qad": ("fp32", "w4a16", "w8a16")}     # the drafters each target is served with
+    served = {(t, d): served_drafter(drafters[d], targets[t], work, heads) for t, ds in served_by.items() for d in ds}
     heads.clear()
-    served_record = {f"{'fp' if t == fp_target else 'qad'}-{d}": {"source": drafters[d], "served": p}
+    served_record = {f"{t}-{d}": {"source": drafters[d], "served": p}
                      for (t, d), p in served.items()}             # what vLLM loaded for each (target, drafter)
-    w4 = served[qad_target, "w4a16"]                  # the served configuration: QAD target + W4A16 drafter
+    w4 = served["qad", "w4a16"]                       # the served configuration: QAD target + W4A16 drafter
     todo = {}
-    for tname, tdir in (("fp", fp_target), ("qad", qad_target)):
+    for tname, tdir in targets.items():
         todo[f"{tname}-plain"] = {**base, "target": tdir, "drafter": None}
-        for dname in ("fp32", "w4a16"):
-            todo[f"{tname}-{dname}"] = {**base, "target": tdir, "drafter": served[tdir, dname]}
-    todo["qad-w8a16"] = {**base, "target": qad_target, "drafter": served[qad_target, "w8a16"]}
+        for dname in served_by[tname]:
+            todo[f"{tname}-{dname}"] = {**base, "target": tdir, "drafter": served[tname, dname]}
     jobs = jobs_in_one_process(todo, work, "offline")          # one process; the SWA job needs its own (the plugin patches
     W = dq.get("swa_window")                        # vLLM's DFlash attention when the process loads it)
     if W:
