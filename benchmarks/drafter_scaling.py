@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,8 +104,9 @@ def main() -> None:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     res = json.loads(out.read_text()) if out.exists() else {"points": []}
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
-    res.update({"command": " ".join(sys.argv), "git_sha": sha, "preset": a.preset, "config": cfg.__dict__,
+    from qdflash.runio import provenance
+    prov = provenance()      # QDFLASH_GIT_SHA on the GPU box: its copy of the tree may carry a stale .git
+    res.update({"command": " ".join(sys.argv), "git_sha": prov["git_sha"], "provenance": prov, "preset": a.preset, "config": cfg.__dict__,
                 "train_conversations": len(train), "val_conversations": len(val), "device": str(target.device),
                 "estimate": "block-level greedy tau (bonus counted), bootstrap over held-out conversations"})
     done = {(p["conversations"], p["epochs"], p.get("sources", "all")) for p in res["points"]}

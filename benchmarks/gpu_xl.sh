@@ -7,7 +7,8 @@
 #             or none] [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
 #   call 3.. (carry .device/gguf.partc .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
-#             [XL_UNTIL=00_data (stage 00 alone)]
+#             [XL_UNTIL=00_data (stage 00 alone); =02_drafter_pretrain (nothing from stage 01 on: stage 02 and the passes
+#             on its drafter: XL_TAU, XL_SWA)]
 #             [XL_SWA=128 [XL_SWA_CTX=2048-8192] (a drafter trained with the window, walked on long real prompts)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
 #             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
@@ -17,7 +18,7 @@
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
 # drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
 # source (drafter_tau_by_source.py), the window pass (XL_SWA), stage 01, stage 03, the speed pass (XL_SPEED), stage 04
-# (XL_UNTIL=00_data: nothing after stage 00). Everything it wrote
+# (XL_UNTIL=00_data: nothing after stage 00; XL_UNTIL=02_drafter_pretrain: nothing from stage 01 on). Everything it wrote
 # comes back as $OUT/xl.tgz.
 set -u
 PHASE=$1; BUDGET=${2:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
@@ -129,7 +130,7 @@ if done_ 00_data; then
   # the data curve (issue 34 item 4), real-only against real + self-prompted, tau walked on 64 held-out real prompts:
   # XL_SCALING="--sizes 6250,12500,25000,0 --epochs 1" (resumable: finished points are kept)
   if [ -n "${XL_SCALING:-}" ]; then
-    for src in real all; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset smol-gpu-xl \
+    for src in real all; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset $PRESET \
       --sources $src --walk 64 --new 128 --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
   fi
   # stage-02 levers on the same data (issue 34 item 4: steps, learning rate), before the preset's own stage 02:
@@ -167,6 +168,7 @@ if done_ 00_data; then
       --prompts ${XL_SWA_PROMPTS:-32} --new 128 --min-tokens ${ctx%-*} --max-tokens ${ctx#*-} \
       --lengths ${XL_SWA_LENGTHS:-256,512,1024,2048,4096,8192} --out $O/swa-long-$XL_SWA.json
   fi
+  [ "${XL_UNTIL:-}" = 02_drafter_pretrain ] && END=$(date +%s)   # nothing from stage 01 on
   done_ 01_qad || { ok && stage 01_qad; }
   [ "${XL_SPEED:-}" = pretrain ] && done_ 01_qad && done_ 02_drafter_pretrain && speed_pass pretrain \
     $(named_path $R 02_drafter_pretrain drafter)

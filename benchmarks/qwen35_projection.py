@@ -20,7 +20,6 @@ import copy
 import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,6 +58,7 @@ def main() -> int:
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     from qdflash.drafter import DraftCache, new_drafter, target_features
+    from qdflash import runio
     from qdflash.models import QWEN35_4B
     dev, dt = torch.device(a.device), getattr(torch, a.dtype)
     shape = dict(QWEN35_4B)
@@ -79,8 +79,7 @@ def main() -> int:
            "drafter_params": sum(p.numel() for p in drafter.parameters()),
            "kernels": {"fla": importlib.util.find_spec("fla") is not None,
                        "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None},
-           "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                     text=True).stdout.strip()}
+           "git_sha": runio.git_sha(), "provenance": runio.provenance()}
     if res["kernels"]["fla"]:
         import fla
         res["kernels"]["fla_version"] = getattr(fla, "__version__", "?")
