@@ -139,7 +139,10 @@ def main() -> None:
             st = decode_grid(grid, tgt32, {"target": spec, "prompts": prompts, "max_new_tokens": a.new,
                                            "dtype": "float32", "temperature": 0.0, "seed": 0, "decoder": cfg.decoder},
                              {name: copy.deepcopy(d).float().eval()}, tok.eos_token_id, walk=[name])[name]
-            ev.update({"tau_walk": st["tau"], "tau_walk_ci95": st["tau_ci95"], "walk_prompts": len(prompts)})
+            # the grid file keeps the drafters of its last call only: each point keeps its own per-prompt results
+            # (paired comparisons between points and curves: scaling.xl_scaling_pairs)
+            ev.update({"tau_walk": st["tau"], "tau_walk_ci95": st["tau_ci95"], "walk_prompts": len(prompts),
+                       "walk_results": json.loads(grid.read_text())["results"][name]})
         p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log), "train_s": round(train_s, 1),
              "response_tokens": sum(sum(r["loss_mask"]) for r in rows),
              "final_loss": sum(r["loss"] for r in log[-20:]) / max(1, len(log[-20:])), **ev}

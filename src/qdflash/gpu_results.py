@@ -1047,3 +1047,40 @@ def seeds_table(run_dir: str | Path, summary: dict | None = None) -> pd.DataFram
                      "95% CI": f"{lo:.3f}–{hi:.3f} (seeds, then conv.; sd over seeds {s['seed_sd']:.4f})",
                      "QAD steps": ""})
     return pd.DataFrame(rows).set_index("seed") if rows else pd.DataFrame()
+
+
+def swa_long_tables(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``benchmarks/swa_long_context.py``'s output as two tables: per drafter and serving window, the walked tau with its
+    95% interval over the long prompts and the walk's drafter ms a step; per context length, one drafter step's median
+    (quartiles) ms without and with the window."""
+    r = read_json(path)
+    rows = []
+    for name, v in r["rows"].items():
+        drafter, served = name.split(" @ ")
+        lo, hi = v["tau_ci95"]
+        rows.append({"drafter": drafter, "trained window": v.get("trained_window") or "none", "served with": served,
+                     "tau": round(v["tau"], 3), "95% CI (prompts)": f"{lo:.3f}–{hi:.3f}",
+                     "walk: drafter ms/step": round(v["drafter_ms_per_step_median"], 2)})
+    steps = []
+    for ctx, by in sorted(r["step_ms"].items(), key=lambda kv: int(kv[0])):
+        row = {"context tokens": int(ctx)}
+        for kind, s in sorted(by.items(), key=lambda kv: kv[0] != "none"):     # no window first
+            label = "no window" if kind == "none" else kind
+            row[f"{label} ms"] = f"{s['median_ms']:.2f} ({s['q1_ms']:.2f}–{s['q3_ms']:.2f})"
+        steps.append(row)
+    return pd.DataFrame(rows).set_index(["drafter", "served with"]), pd.DataFrame(steps).set_index("context tokens")
+
+
+def swa_long_summary(path: str | Path) -> str:
+    """The window's paired tau differences of a ``swa_long_context.py`` run, one line each, with the prompts, their
+    lengths, the machine and the commit."""
+    r = read_json(path)
+    p, pt, w = r.get("provenance") or {}, r["prompt_tokens"], r["window"]
+    where = p.get("gpu") or (p.get("cpu") or {}).get("model") or "?"
+    lines = [f"{r['prompts']} real multi-turn prompts of {pt['min']:,}-{pt['max']:,} tokens (median {pt['median']:,.0f}, "
+             f"{pt['median'] / w:.0f} x W = {w}), {r['new_tokens']} new tokens each, walked along the target's greedy "
+             f"answer; {where}, commit `{str(p.get('git_sha', r.get('git_sha', '?')))[:12]}`. Paired over the same prompts:"]
+    for name, d in r["paired"].items():
+        lo, hi = d["diff_ci95"]
+        lines.append(f"- {name}: {d['diff']:+.3f} ({lo:+.3f} to {hi:+.3f})")
+    return "\n".join(lines) + "\n"

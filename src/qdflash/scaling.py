@@ -95,3 +95,78 @@ def cpu_minutes_table(smol_root: Path, run_dir: Path = GPU_RUN) -> pd.DataFrame:
     df["CPU min: total"] = df["CPU min: regenerate"] + df["CPU min: train"]
     return df.sort_values(["epochs", "conversations"]).set_index(["conversations", "epochs"]).round(
         {"tau estimate": 3, "CPU min: regenerate": 0, "CPU min: train": 0, "CPU min: total": 0})
+
+
+# ----------------------------------------------------------------------------------------- smol-gpu-xl curves
+def _xl_curves(xl_dir: Path) -> dict:
+    """``scaling-real.json`` and ``scaling-all.json`` of a ``gpu_xl.sh`` run with ``XL_SCALING`` (real-only and real +
+    self-prompted training data): {sources: (points, each walked point's per-prompt results by its name)}."""
+    from .decode_stats import results_from_json
+    out = {}
+    for src in ("real", "all"):
+        pts = [p for p in read_json(Path(xl_dir) / f"scaling-{src}.json")["points"] if p.get("sources", "all") == src]
+        out[src] = (pts, {f"{src}-n{p['conversations']}-e{p['epochs']}": results_from_json(p["walk_results"])
+                          for p in pts if "walk_results" in p})
+    return out
+
+
+def xl_scaling_table(xl_dir: Path) -> pd.DataFrame:
+    """One row per point of both curves: training conversations, epochs, optimizer steps, training seconds, the decoder's
+    tau walked on the held-out real prompts (95% CI over prompts) and the block-level estimate (CI over conversations)."""
+    rows = []
+    for src, (pts, _) in _xl_curves(xl_dir).items():
+        for p in pts:
+            rows.append({"training data": "real only" if src == "real" else "real + self-prompted",
+                         "conversations": p["conversations"], "epochs": p["epochs"], "steps": p["steps"],
+                         "train s": p["train_s"], "tau (walked)": round(p["tau_walk"], 3) if "tau_walk" in p else None,
+                         "95% CI": ci_text(p, "tau_walk_ci95") if "tau_walk" in p else None,
+                         "tau estimate (block)": round(p["tau_est"], 3), "estimate CI": ci_text(p, "tau_est_ci95")})
+    return pd.DataFrame(rows).sort_values(["training data", "conversations"]).set_index(["training data", "conversations"])
+
+
+def xl_scaling_pairs(xl_dir: Path) -> list[dict]:
+    """Paired differences of the walked tau on the same held-out real prompts: at each size both curves reached, real +
+    self-prompted minus real only (what swapping real conversations for the target's own costs); and the largest
+    real + self-prompted point minus the largest real-only one (what the self-prompted conversations add on top of every
+    real one)."""
+    from .decode_stats import paired_bootstrap
+    c = _xl_curves(xl_dir)
+    (real, greal), (allp, gall) = c["real"], c["all"]
+    name = lambda src, p: f"{src}-n{p['conversations']}-e{p['epochs']}"      # noqa: E731 (drafter_scaling's names)
+    by_real = {p["conversations"]: p for p in real}
+    pairs = []
+    for p in sorted(allp, key=lambda p: p["conversations"]):
+        q = by_real.get(p["conversations"])
+        if q is not None and name("all", p) in gall and name("real", q) in greal:
+            pairs.append({"a": f"real + self-prompted, {p['conversations']:,}", "b": f"real only, {q['conversations']:,}",
+                          **paired_bootstrap(gall[name("all", p)], greal[name("real", q)])})
+    if real and allp:
+        p, q = max(allp, key=lambda p: p["conversations"]), max(real, key=lambda p: p["conversations"])
+        if p["conversations"] != q["conversations"] and name("all", p) in gall and name("real", q) in greal:
+            pairs.append({"a": f"real + self-prompted, {p['conversations']:,}", "b": f"real only, {q['conversations']:,}",
+                          **paired_bootstrap(gall[name("all", p)], greal[name("real", q)])})
+    return pairs
+
+
+def xl_scaling_plot(xl_dir: Path):
+    """The decoder's tau (walked, 95% CI over the held-out real prompts) against training conversations, real only
+    against real + self-prompted, at the epochs of the sweep; the block-level estimates dashed."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for i, (src, (pts, _)) in enumerate(_xl_curves(xl_dir).items()):
+        pts = sorted(pts, key=lambda p: p["conversations"])
+        label = "real only" if src == "real" else "real + self-prompted"
+        x = [p["conversations"] for p in pts]
+        if all("tau_walk" in p for p in pts):
+            y = [p["tau_walk"] for p in pts]
+            err = [[p["tau_walk"] - p["tau_walk_ci95"][0] for p in pts], [p["tau_walk_ci95"][1] - p["tau_walk"] for p in pts]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, c=f"C{i}", label=f"{label} (decoder's tau, walked)")
+        ax.plot(x, [p["tau_est"] for p in pts], ls="--", marker=".", c=f"C{i}", alpha=0.6,
+                label=f"{label} (block estimate)")
+    ep = sorted({p["epochs"] for pts, _ in _xl_curves(xl_dir).values() for p in pts})
+    ax.set_xscale("log")
+    ax.set_xlabel(f"training conversations ({', '.join(map(str, ep))} epoch{'s' * (ep != [1])}, smol-gpu-xl drafter)")
+    ax.set_ylabel("tau (bonus token counted)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
