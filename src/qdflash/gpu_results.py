@@ -1082,5 +1082,5 @@ def swa_long_summary(path: str | Path) -> str:
              f"answer; {where}, commit `{str(p.get('git_sha', r.get('git_sha', '?')))[:12]}`. Paired over the same prompts:"]
     for name, d in r["paired"].items():
         lo, hi = d["diff_ci95"]
-        lines.append(f"- {name}: {d['diff']:+.3f} ({lo:+.3f} to {hi:+.3f})")
+        lines.append(f"- {name.replace(' - ', ' minus ')}: {d['diff']:+.3f} ({lo:+.3f} to {hi:+.3f})")
     return "\n".join(lines) + "\n"

@@ -530,6 +530,26 @@ def _regime_curve(reads: list[Path], root: Path) -> str:
                if (REPO_ROOT / "figures" / "smol" / "fig-regime-curve.png").exists() else ""))
 
 
+def _swa_long(reads: list[Path], root: Path) -> str:
+    """The drafter window at long context (``benchmarks/swa_long_context.py``; reads: its JSON files, CPU then GPU):
+    per run, the walked tau by drafter and serving window, one drafter step against the context length, and the paired
+    differences."""
+    from .figures import table_markdown
+    from .gpu_results import swa_long_summary, swa_long_tables
+    out = ""
+    for path in reads:
+        r = read_json(path)
+        where = (r.get("provenance") or {}).get("gpu") or ((r.get("provenance") or {}).get("cpu") or {}).get("model", "?")
+        rows, steps = swa_long_tables(path)
+        out += ("\n" + table_markdown(rows, f"The drafter window at long context, W = {r['window']}, {where} "
+                                      f"(`{rel(path)}`): tau walked on the same long real prompts (one training seed "
+                                      f"per drafter)", LEVEL)
+                + "\n" + swa_long_summary(path)
+                + "\n" + table_markdown(steps, f"One drafter step against the context in its cache, {where}: median "
+                                         f"(quartiles) of interleaved repetitions, ms", LEVEL))
+    return out
+
+
 def _gpu_seeds(reads: list[Path], root: Path) -> str:
     from .figures import table_markdown
     from .gpu_results import seeds_summary, seeds_table
@@ -611,6 +631,7 @@ SECTIONS = {
     "draft_vocab": _draft_vocab,
     "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
+    "swa_long": _swa_long,
     "plain_decode": _table("plain_decode_table", lambda p: (
         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
         f"(`benchmarks/gpu_fast_decode.py`; `{rel(p.parent)}/`)")),
