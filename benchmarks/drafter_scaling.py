@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--walk", type=int, default=0, help="also the decoder's tau, walked along the fp32 target's "
                     "plain greedy outputs on this many held-out real prompts (the stage grids' code, decode_grid)")
     ap.add_argument("--new", type=int, default=128, help="tokens per walked prompt")
+    ap.add_argument("--walk-grid", default=None, help="the walk's grid file (default: OUT with .walk-grid.json); two "
+                    "sweeps that name the same one decode the target's plain answers once")
     a = ap.parse_args()
     from qdflash.config import DrafterConfig, load_config
     from qdflash.data import load_split
@@ -113,7 +115,8 @@ def main() -> None:
     walk = None
     if a.walk:
         from qdflash.drafter_train import eval_prompts
-        walk = (load_model(spec, "float32"), eval_prompts(data, a.walk), out.with_suffix(".walk-grid.json"))
+        walk = (load_model(spec, "float32"), eval_prompts(data, a.walk),
+                Path(a.walk_grid) if a.walk_grid else out.with_suffix(".walk-grid.json"))
     work = out.parent / "work"
     work.mkdir(exist_ok=True)
     for n, ep in points:
@@ -146,7 +149,7 @@ def main() -> None:
         p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log), "train_s": round(train_s, 1),
              "response_tokens": sum(sum(r["loss_mask"]) for r in rows),
              "final_loss": sum(r["loss"] for r in log[-20:]) / max(1, len(log[-20:])), **ev}
-        print(json.dumps(p), flush=True)
+        print(json.dumps({k: v for k, v in p.items() if k != "walk_results"}), flush=True)
         res["points"].append(p)
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(res, indent=1))

@@ -131,7 +131,7 @@ if done_ 00_data; then
   # XL_SCALING="--sizes 6250,12500,25000,0 --epochs 1" (resumable: finished points are kept)
   if [ -n "${XL_SCALING:-}" ]; then
     for src in real all; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset $PRESET \
-      --sources $src --walk 64 --new 128 --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
+      --sources $src --walk 64 --new 128 --walk-grid $O/scaling.walk-grid.json --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
   fi
   # stage-02 levers on the same data (issue 34 item 4: steps, learning rate), before the preset's own stage 02:
   # XL_V02="NAME:k=v,k=v NAME2:k=v BASE ..." trains stage 02 once per variant (variant_02; a bare NAME: no settings of
