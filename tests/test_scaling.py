@@ -35,3 +35,41 @@ def test_figure_marks_the_reference_decoder_point(tmp_path):
     ys = [line.get_ydata().tolist() for line in a.get_lines() if len(line.get_ydata()) == 1]
     assert [1.5] in ys                                                   # the pretrain drafter's true tau
     assert any(line.get_ydata().tolist() == [1.2, 1.7] for line in a.get_lines())
+
+
+def _xl_run(tmp_path):
+    """Two XL_SCALING curves on 4 prompts: real-only and real + self-prompted points at 100 and 200 conversations and
+    a 300-conversation real + self-prompted point; each walked point's accept lengths set so that its tau is known."""
+    def point(src, n, lengths):
+        res = [{"tokens": [0] * sum(lengths), "accept_lengths": lengths}] * 4
+        tau = sum(lengths) / len(lengths)
+        return {"conversations": n, "epochs": 1, "sources": src, "steps": n // 10, "train_s": 1.0, "tau_est": tau + 0.2,
+                "tau_est_ci95": [tau, tau + 0.4], "tau_walk": tau, "tau_walk_ci95": [tau - 0.1, tau + 0.1],
+                "walk_prompts": 4, "walk_results": res}
+    real = [point("real", 100, [1, 2]), point("real", 200, [2, 2])]                  # tau 1.5, 2.0
+    allp = [point("all", 100, [1, 1]), point("all", 200, [2, 3]), point("all", 300, [3, 3])]   # 1.0, 2.5, 3.0
+    (tmp_path / "scaling-real.json").write_text(json.dumps({"points": real}))
+    (tmp_path / "scaling-all.json").write_text(json.dumps({"points": allp}))
+    return tmp_path
+
+
+def test_xl_curves_pair_equal_sizes_and_the_largest_points(tmp_path):
+    from qdflash.scaling import xl_scaling_pairs, xl_scaling_table
+    run = _xl_run(tmp_path)
+    pairs = xl_scaling_pairs(run)
+    got = [(p["a"], p["b"], round(p["diff"], 6)) for p in pairs]
+    assert got == [("real + self-prompted, 100", "real only, 100", -0.5),
+                   ("real + self-prompted, 200", "real only, 200", 0.5),
+                   ("real + self-prompted, 300", "real only, 200", 1.0)]     # largest against largest
+    assert all(p["diff_ci95"][0] <= p["diff"] <= p["diff_ci95"][1] for p in pairs)
+    t = xl_scaling_table(run)
+    assert t.loc[("real only", 200), "tau (walked)"] == 2.0 and len(t) == 5
+
+
+def test_xl_figure_draws_both_curves(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    from qdflash.scaling import xl_scaling_plot
+    ax = xl_scaling_plot(_xl_run(tmp_path)).axes[0]
+    ys = [line.get_ydata().tolist() for line in ax.get_lines()]
+    assert [1.5, 2.0] in ys and [1.0, 2.5, 3.0] in ys
