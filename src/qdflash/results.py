@@ -530,6 +530,35 @@ def _regime_curve(reads: list[Path], root: Path) -> str:
                if (REPO_ROOT / "figures" / "smol" / "fig-regime-curve.png").exists() else ""))
 
 
+def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
+    """The data curve of issue 34 (reads: a gpu_xl.sh XL_SCALING run's ``scaling-real.json`` and ``scaling-all.json``):
+    the table, the paired differences on the same held-out real prompts, the figure."""
+    from .figures import table_markdown
+    from .scaling import xl_scaling_pairs, xl_scaling_table
+    run = reads[0].parent
+    r = read_json(reads[1])
+    where = (r.get("provenance") or {}).get("gpu") or r.get("device", "?")
+    epochs = sorted({p["epochs"] for p in r["points"]})
+    out = "\n" + table_markdown(xl_scaling_table(run), f"Real-only against real + self-prompted training data, the "
+                                 f"`smol-gpu-xl` drafter trained {'/'.join(map(str, epochs))} epoch"
+                                 f"{'s' * (epochs != [1])} a point, one GPU ({where}; `benchmarks/drafter_scaling.py`, `{rel(run)}/`): the decoder's tau "
+                                 f"walked on the same {_walk_prompts(r)} held-out real prompts (95% CI over prompts) and "
+                                 f"the block-level estimate (CI over held-out conversations); one training seed a point", LEVEL)
+    pairs = xl_scaling_pairs(run)
+    if pairs:
+        out += "\nPaired over the same held-out real prompts (walked tau):\n" + "".join(
+            f"- {p['a']} minus {p['b']} conversations: {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to "
+            f"{p['diff_ci95'][1]:+.3f})\n" for p in pairs)
+    if (REPO_ROOT / "figures" / "smol" / "fig-xl-scaling.png").exists():
+        out += "\n![tau against conversations, real only and real + self-prompted](../figures/smol/fig-xl-scaling.png)\n"
+    return out
+
+
+def _walk_prompts(r: dict) -> str:
+    n = {p.get("walk_prompts") for p in r["points"]} - {None}
+    return f"{n.pop()}" if len(n) == 1 else "?"
+
+
 def _swa_long(reads: list[Path], root: Path) -> str:
     """The drafter window at long context (``benchmarks/swa_long_context.py``; reads: its JSON files, CPU then GPU):
     per run, the walked tau by drafter and serving window, one drafter step against the context length, and the paired
@@ -632,6 +661,7 @@ SECTIONS = {
     "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
     "swa_long": _swa_long,
+    "gpu_xl_scaling": _gpu_xl_scaling,
     "plain_decode": _table("plain_decode_table", lambda p: (
         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "
         f"(`benchmarks/gpu_fast_decode.py`; `{rel(p.parent)}/`)")),
