@@ -7,8 +7,8 @@
 #             or none] [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
 #   call 3.. (carry .device/gguf.partc .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
-#             [XL_UNTIL=00_data (stage 00 alone); =02_drafter_pretrain (nothing from stage 01 on: stage 02 and the passes
-#             on its drafter: XL_TAU, XL_SWA)]
+#             [XL_UNTIL=00_data (stage 00 alone); =scaling (stage 00 and the XL_SCALING curves); =02_drafter_pretrain
+#             (nothing from stage 01 on: stage 02 and the passes on its drafter: XL_TAU, XL_SWA)]
 #             [XL_SWA=128 [XL_SWA_CTX=2048-8192] (a drafter trained with the window, walked on long real prompts)]
 #             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
 #             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
@@ -133,6 +133,7 @@ if done_ 00_data; then
     for src in real all; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset $PRESET \
       --sources $src --walk 64 --new 128 --walk-grid $O/scaling.walk-grid.json --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
   fi
+  [ "${XL_UNTIL:-}" = scaling ] && END=$(date +%s)   # XL_UNTIL=scaling: stage 00 and the curves, nothing after
   # stage-02 levers on the same data (issue 34 item 4: steps, learning rate), before the preset's own stage 02:
   # XL_V02="NAME:k=v,k=v NAME2:k=v BASE ..." trains stage 02 once per variant (variant_02; a bare NAME: no settings of
   # its own), then walks the variants' pretrain drafters on the same 64 held-out real prompts x 128 tokens (the decoder's tau, paired; stage 00 regenerates
