@@ -13,7 +13,8 @@ decoder, which calibrates the curve. Resumable: finished points are kept in the 
 
   python benchmarks/drafter_scaling.py --runs RUNS --preset smol-gpu --sizes 1000,2000,4000,8000,0 \
       --epochs 4 --extra-epochs 1,2 --out benchmarks/drafter-scaling-h200/scaling.json
-(size 0 = all training conversations; --extra-epochs adds points at those epochs for the largest size; --sources real
+(size 0 = all training conversations; --extra-epochs adds points at those epochs for the largest size; --steps S trains
+every size for about S optimizer steps (whole epochs) instead of a fixed number of epochs; --sources real
 trains on the conversations with real prompts only, a real-only curve beside the default real + self-prompted one;
 --walk N adds the decoder's tau on N held-out real prompts, walked along the fp32 target's plain greedy outputs)
 """
@@ -72,6 +73,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,2000,4000,8000,0")
     ap.add_argument("--epochs", type=int, default=None, help="epochs of the size points (default: the preset's)")
     ap.add_argument("--extra-epochs", default="", help="more epoch counts for the largest size")
+    ap.add_argument("--steps", type=int, default=None, help="about this many optimizer steps at every size (the epochs "
+                    "of a point: the whole number nearest steps / steps per epoch, at least 1) instead of --epochs: a "
+                    "data curve at equal training steps (at one epoch a point's steps grow with its size)")
     ap.add_argument("--val", type=int, default=256, help="held-out conversations scored")
     ap.add_argument("--out", required=True)
     ap.add_argument("--set", action="append", default=[], help="DrafterConfig override k=v (json value)")
@@ -101,7 +105,11 @@ def main() -> None:
         train = [r for r in train if not is_self_prompted(r["id"])]
     epochs = a.epochs or cfg.epochs
     sizes = [min(int(s) or len(train), len(train)) for s in a.sizes.split(",")]
-    points = [(n, epochs) for n in sizes] + [(max(sizes), int(e)) for e in a.extra_epochs.split(",") if e]
+    if a.steps:         # the epochs that give each size about --steps optimizer steps (drafter_train: n // batch a epoch)
+        points = [(n, max(1, round(a.steps / max(1, n // cfg.batch_size)))) for n in sizes]
+    else:
+        points = [(n, epochs) for n in sizes]
+    points += [(max(sizes), int(e)) for e in a.extra_epochs.split(",") if e]
     points = list(dict.fromkeys(points))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
