@@ -531,26 +531,41 @@ def _regime_curve(reads: list[Path], root: Path) -> str:
 
 
 def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
-    """The data curve of issue 34 (reads: a gpu_xl.sh XL_SCALING run's ``scaling-real.json`` and ``scaling-all.json``):
-    the table, the paired differences on the same held-out real prompts, the figure."""
+    """The data curve of issue 34 (reads: a gpu_xl.sh XL_SCALING run's ``scaling-real.json`` and/or
+    ``scaling-all.json``): the table, the points' steps against the preset's stage 02, the paired differences on the
+    same held-out real prompts, the run's figure."""
     from .figures import table_markdown
     from .scaling import xl_scaling_pairs, xl_scaling_table
     run = reads[0].parent
-    r = read_json(reads[1])
-    where = (r.get("provenance") or {}).get("gpu") or r.get("device", "?")
-    epochs = sorted({p["epochs"] for p in r["points"]})
-    out = "\n" + table_markdown(xl_scaling_table(run), f"Real-only against real + self-prompted training data, the "
-                                 f"`smol-gpu-xl` drafter trained {'/'.join(map(str, epochs))} epoch"
-                                 f"{'s' * (epochs != [1])} a point, one GPU ({where}; `benchmarks/drafter_scaling.py`, `{rel(run)}/`): the decoder's tau "
-                                 f"walked on the same {_walk_prompts(r)} held-out real prompts (95% CI over prompts) and "
-                                 f"the block-level estimate (CI over held-out conversations); one training seed a point", LEVEL)
+    rs = [read_json(p) for p in reads]
+    pts = [p for r in rs for p in r["points"]]
+    where = (rs[0].get("provenance") or {}).get("gpu") or rs[0].get("device", "?")
+    epochs = sorted({p["epochs"] for p in pts})
+    trained = (f"{epochs[0]} epoch{'s' * (epochs[0] != 1)} a point" if len(epochs) == 1
+               else f"about {round(sum(p['steps'] for p in pts) / len(pts)):,} optimizer steps a point")
+    curves = " and ".join("real only" if r["points"][0]["sources"] == "real" else "real + self-prompted" for r in rs)
+    out = "\n" + table_markdown(xl_scaling_table(run), f"The drafter against its training conversations, {curves}, the "
+                                 f"`smol-gpu-xl` drafter trained {trained}, one GPU ({where}; "
+                                 f"`benchmarks/drafter_scaling.py`, `{rel(run)}/`): the decoder's tau walked on the same "
+                                 f"{_walk_prompts(rs[0])} held-out real prompts (95% CI over prompts) and the block-level "
+                                 f"estimate (CI over held-out conversations); one training seed a point", LEVEL)
+    cfg, m0 = rs[0]["config"], run / "metrics-00_data.json"
+    if m0.exists():
+        n = read_json(m0)["n_train"]
+        out += (f"\nSteps per point: {min(p['steps'] for p in pts):,}-{max(p['steps'] for p in pts):,}, against "
+                f"{cfg['epochs'] * (n // cfg['batch_size']):,} in the preset's stage 02 ({cfg['epochs']} epochs of all "
+                f"{n:,} conversations at batch {cfg['batch_size']})"
+                + ("; at a fixed number of epochs the points differ in steps as much as in data (`drafter_scaling.py "
+                   "--steps` holds the steps)" if len({p["steps"] for p in pts}) > 1 and len(epochs) == 1 else "")
+                + ".\n")
     pairs = xl_scaling_pairs(run)
     if pairs:
         out += "\nPaired over the same held-out real prompts (walked tau):\n" + "".join(
             f"- {p['a']} minus {p['b']} conversations: {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to "
             f"{p['diff_ci95'][1]:+.3f})\n" for p in pairs)
-    if (REPO_ROOT / "figures" / "smol" / "fig-xl-scaling.png").exists():
-        out += "\n![tau against conversations, real only and real + self-prompted](../figures/smol/fig-xl-scaling.png)\n"
+    fig = f"fig-xl-scaling-{run.name}"
+    if (REPO_ROOT / "figures" / "smol" / f"{fig}.png").exists():
+        out += f"\n![tau against training conversations, {run.name}](../figures/smol/{fig}.png)\n"
     return out
 
 

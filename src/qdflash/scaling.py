@@ -100,11 +100,15 @@ def cpu_minutes_table(smol_root: Path, run_dir: Path = GPU_RUN) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------- smol-gpu-xl curves
 def _xl_curves(xl_dir: Path) -> dict:
     """``scaling-real.json`` and ``scaling-all.json`` of a ``gpu_xl.sh`` run with ``XL_SCALING`` (real-only and real +
-    self-prompted training data): {sources: (points, each walked point's per-prompt results by its name)}."""
+    self-prompted training data), those the run has: {sources: (points, each walked point's per-prompt results by its
+    name)}."""
     from .decode_stats import results_from_json
     out = {}
     for src in ("real", "all"):
-        pts = [p for p in read_json(Path(xl_dir) / f"scaling-{src}.json")["points"] if p.get("sources", "all") == src]
+        f = Path(xl_dir) / f"scaling-{src}.json"
+        if not f.exists():          # a run that finished one curve only
+            continue
+        pts = [p for p in read_json(f)["points"] if p.get("sources", "all") == src]
         out[src] = (pts, {f"{src}-n{p['conversations']}-e{p['epochs']}": results_from_json(p["walk_results"])
                           for p in pts if "walk_results" in p})
     return out
@@ -131,7 +135,7 @@ def xl_scaling_pairs(xl_dir: Path) -> list[dict]:
     real one)."""
     from .decode_stats import paired_bootstrap
     c = _xl_curves(xl_dir)
-    (real, greal), (allp, gall) = c["real"], c["all"]
+    (real, greal), (allp, gall) = c.get("real", ([], {})), c.get("all", ([], {}))
     name = lambda src, p: f"{src}-n{p['conversations']}-e{p['epochs']}"      # noqa: E731 (drafter_scaling's names)
     by_real = {p["conversations"]: p for p in real}
     pairs = []
@@ -163,9 +167,12 @@ def xl_scaling_plot(xl_dir: Path):
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, c=f"C{i}", label=f"{label} (decoder's tau, walked)")
         ax.plot(x, [p["tau_est"] for p in pts], ls="--", marker=".", c=f"C{i}", alpha=0.6,
                 label=f"{label} (block estimate)")
-    ep = sorted({p["epochs"] for pts, _ in _xl_curves(xl_dir).values() for p in pts})
+    allpts = [p for pts, _ in _xl_curves(xl_dir).values() for p in pts]
+    ep = sorted({p["epochs"] for p in allpts})
+    trained = (f"{ep[0]} epoch{'s' * (ep[0] != 1)}" if len(ep) == 1        # else drafter_scaling.py --steps
+               else f"about {round(sum(p['steps'] for p in allpts) / len(allpts)):,} steps each")
     ax.set_xscale("log")
-    ax.set_xlabel(f"training conversations ({', '.join(map(str, ep))} epoch{'s' * (ep != [1])}, smol-gpu-xl drafter)")
+    ax.set_xlabel(f"training conversations ({trained}, smol-gpu-xl drafter)")
     ax.set_ylabel("tau (bonus token counted)")
     ax.legend(fontsize=7)
     fig.tight_layout()
