@@ -829,7 +829,8 @@ def _batch_of(n_train: int, epochs: int, steps: int) -> int | None:
 def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
     """Tau against training data and drafter steps over GPU runs that measured their drafters on held-out real prompts
     (issue 34's curve). ``metrics_02``: each run's saved stage-02 metrics, ``metrics-[PREFIX]02_drafter_pretrain.json``
-    (the prefix, e.g. ``s0-``, names that run's other files). Per run: stage 00's conversations, the drafter's depth,
+    (the prefix, e.g. ``s0-``, names that run's other files), or a ``drafter_scaling.py`` sweep's ``scaling-*.json``
+    (a row per walked point, ``_scaling_rows``). Per run: stage 00's conversations, the drafter's depth,
     batch, epochs, steps, rows seen and stage-02 seconds; then the tau with its 95% interval over prompts of the
     pretrained drafter on the FP target and of the pretrained and two-stage drafters on the QAD target where the run has
     them, and whether the decoder or the walk measured it (the walk gives the decoder's tau). One seed per run; each
@@ -838,6 +839,9 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
     from .decode_stats import acceptance_stats, results_from_json
     rows = []
     for f in map(Path, metrics_02):
+        if f.name.startswith("scaling-"):          # a drafter_scaling.py sweep: one row per walked point
+            rows += _scaling_rows(f)
+            continue
         d, pre = f.parent, re.fullmatch(r"metrics-(.*)02_drafter_pretrain\.json", f.name).group(1)
         rd = lambda kind, stage: json.loads((d / f"{kind}-{pre}{stage}.json").read_text())      # noqa: E731
         m0, m2 = rd("metrics", "00_data"), json.loads(f.read_text())
@@ -876,6 +880,28 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
                          "measured by": "walk" if all(r.get("walk") for r in res) else "decoder",
                          "prompts x tokens": f"{len(g['prompts'])} x {g['max_new_tokens']}"})
     return pd.DataFrame(rows).set_index("run")
+
+
+def _scaling_rows(path: Path) -> list[dict]:
+    """``regime_curve_table``'s rows for the walked points of a ``benchmarks/drafter_scaling.py`` output (the pretrained
+    drafter of each point, walked on the fp32 FP target): run ``<folder>, real only`` for a real-only sweep."""
+    from .decode_stats import acceptance_stats, results_from_json
+    r = json.loads(path.read_text())
+    cfg = r["config"]
+    new = re.search(r"--new (\d+)", r.get("command", ""))
+    rows = []
+    for p in r["points"]:
+        if "walk_results" not in p:
+            continue
+        st = acceptance_stats(results_from_json(p["walk_results"]))
+        rows.append({"run": path.parent.name + (", real only" if p.get("sources") == "real" else ""),
+                     "conversations": p["conversations"], "layers": cfg["num_layers"], "batch": cfg["batch_size"],
+                     "epochs": p["epochs"], "steps": p["steps"], "rows seen": p["steps"] * cfg["batch_size"],
+                     "stage 02 s": round(p["train_s"]), "draft vocab": cfg.get("draft_vocab") or "whole",
+                     "target": "FP", "drafter": "pretrain", "tau": round(st["tau"], 3),
+                     "95% CI": f"{st['tau_ci95'][0]:.3f}–{st['tau_ci95'][1]:.3f}", "measured by": "walk",
+                     "prompts x tokens": f"{len(p['walk_results'])} x {new.group(1) if new else 128}"})
+    return rows
 
 
 def regime_curve_plot(metrics_02: list[str | Path]):
