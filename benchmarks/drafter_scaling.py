@@ -14,7 +14,7 @@ decoder, which calibrates the curve. Resumable: finished points are kept in the 
   python benchmarks/drafter_scaling.py --runs RUNS --preset smol-gpu --sizes 1000,2000,4000,8000,0 \
       --epochs 4 --extra-epochs 1,2 --out benchmarks/drafter-scaling-h200/scaling.json
 (size 0 = all training conversations; --extra-epochs adds points at those epochs for the largest size; --steps S trains
-every size for about S optimizer steps (whole epochs) instead of a fixed number of epochs; --sources real
+every size for exactly S optimizer steps instead of a fixed number of epochs; --sources real
 trains on the conversations with real prompts only, a real-only curve beside the default real + self-prompted one;
 --walk N adds the decoder's tau on N held-out real prompts, walked along the fp32 target's plain greedy outputs)
 """
@@ -71,11 +71,12 @@ def main() -> None:
     ap.add_argument("--runs", required=True, help="runs directory with 00_data of the preset")
     ap.add_argument("--preset", default="smol-gpu")
     ap.add_argument("--sizes", default="1000,2000,4000,8000,0")
-    ap.add_argument("--epochs", type=int, default=None, help="epochs of the size points (default: the preset's)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--epochs", type=int, default=None, help="epochs of the size points (default: the preset's)")
+    how.add_argument("--steps", type=int, default=None, help="exactly this many optimizer steps at every size (whole "
+                     "epochs, then part of one; drafter_train.train_drafter(steps=)) instead of a number of epochs: a "
+                     "data curve at equal training steps (at a fixed number of epochs a point's steps grow with its size)")
     ap.add_argument("--extra-epochs", default="", help="more epoch counts for the largest size")
-    ap.add_argument("--steps", type=int, default=None, help="about this many optimizer steps at every size (the epochs "
-                    "of a point: the whole number nearest steps / steps per epoch, at least 1) instead of --epochs: a "
-                    "data curve at equal training steps (at one epoch a point's steps grow with its size)")
     ap.add_argument("--val", type=int, default=256, help="held-out conversations scored")
     ap.add_argument("--out", required=True)
     ap.add_argument("--set", action="append", default=[], help="DrafterConfig override k=v (json value)")
@@ -105,11 +106,13 @@ def main() -> None:
         train = [r for r in train if not is_self_prompted(r["id"])]
     epochs = a.epochs or cfg.epochs
     sizes = [min(int(s) or len(train), len(train)) for s in a.sizes.split(",")]
-    if a.steps:         # the epochs that give each size about --steps optimizer steps (drafter_train: n // batch a epoch)
-        points = [(n, max(1, round(a.steps / max(1, n // cfg.batch_size)))) for n in sizes]
+    # a point: (conversations, epochs, steps or None); with --steps its epochs are the fraction those steps cover
+    # (drafter_train: n // batch steps an epoch), recorded as a number so that a resumed sweep finds its finished points
+    if a.steps:
+        points = [(n, round(a.steps / max(1, n // cfg.batch_size), 3), a.steps) for n in sizes]
     else:
-        points = [(n, epochs) for n in sizes]
-    points += [(max(sizes), int(e)) for e in a.extra_epochs.split(",") if e]
+        points = [(n, epochs, None) for n in sizes]
+    points += [(max(sizes), int(e), None) for e in a.extra_epochs.split(",") if e]
     points = list(dict.fromkeys(points))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +130,7 @@ def main() -> None:
                 Path(a.walk_grid) if a.walk_grid else out.with_suffix(".walk-grid.json"))
     work = out.parent / "work"
     work.mkdir(exist_ok=True)
-    for n, ep in points:
+    for n, ep, steps in points:
         if (n, ep, a.sources) in done:
             continue
         rows = train[:n]
@@ -135,10 +138,11 @@ def main() -> None:
                         mask_token_id(tok, cfg.mask_token_id), cfg.intermediate_size, cfg.seed, cfg.init)
         d = d.to(target.device)
         t0 = time.time()
-        tag = f"n{n}-e{ep}" if a.sources == "all" else f"{a.sources}-n{n}-e{ep}"    # "all": the older files' names
+        name = f"{a.sources}-n{n}-" + (f"s{steps}" if steps else f"e{ep}")
+        tag = name if a.sources != "all" or steps else f"n{n}-e{ep}"    # "all" by epochs: the older files' names
         log = train_drafter(d, target, rows, OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len), cfg,
-                            ep, work / f"{tag}.ckpt.pt", work / f"{tag}.log.jsonl", f"n={n} e={ep}",
-                            progress=False)
+                            int(ep), work / f"{tag}.ckpt.pt", work / f"{tag}.log.jsonl", tag, progress=False,
+                            steps=steps)
         train_s = time.time() - t0
         ev = block_tau(d, target, val, cfg)
         if walk is not None:
@@ -146,7 +150,6 @@ def main() -> None:
 
             from qdflash.decode_grid import decode_grid
             tgt32, prompts, grid = walk
-            name = f"{a.sources}-n{n}-e{ep}"
             st = decode_grid(grid, tgt32, {"target": spec, "prompts": prompts, "max_new_tokens": a.new,
                                            "dtype": "float32", "temperature": 0.0, "seed": 0, "decoder": cfg.decoder},
                              {name: copy.deepcopy(d).float().eval()}, tok.eos_token_id, walk=[name])[name]
@@ -155,6 +158,7 @@ def main() -> None:
             ev.update({"tau_walk": st["tau"], "tau_walk_ci95": st["tau_ci95"], "walk_prompts": len(prompts),
                        "walk_results": json.loads(grid.read_text())["results"][name]})
         p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log), "train_s": round(train_s, 1),
+             **({"steps_target": steps} if steps else {}),
              "response_tokens": sum(sum(r["loss_mask"]) for r in rows),
              "final_loss": sum(r["loss"] for r in log[-20:]) / max(1, len(log[-20:])), **ev}
         print(json.dumps({k: v for k, v in p.items() if k != "walk_results"}), flush=True)

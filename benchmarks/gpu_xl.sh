@@ -10,16 +10,17 @@
 #             [XL_UNTIL=00_data (stage 00 alone); =scaling (stage 00 and the XL_SCALING curves); =02_drafter_pretrain
 #             (nothing from stage 01 on: stage 02 and the passes on its drafter: XL_TAU, XL_SWA)]
 #             [XL_SWA=128 [XL_SWA_CTX=2048-8192] (a drafter trained with the window, walked on long real prompts)]
-#             [XL_SCALING="--sizes ... --epochs 1" (the real-only and real + self-prompted data curves)]
+#             [XL_SCALING="--sizes 12500,0 --steps 780" (the real-only and real + self-prompted data curves at equal
+#             steps; drafter_scaling.py's arguments)]
 #             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
 #             the preset and XL_02 unchanged)]
 #             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03, the two-stage drafter; =pretrain: after stage 01,
 #             the pretrained drafter, no stage 03 needed; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
-# drafter step profile, stage 02, the pretrain drafter's decoded tau on 64 held-out real prompts x 128 tokens by
-# source (drafter_tau_by_source.py), the window pass (XL_SWA), stage 01, stage 03, the speed pass (XL_SPEED), stage 04
-# (XL_UNTIL=00_data: nothing after stage 00; XL_UNTIL=02_drafter_pretrain: nothing from stage 01 on). Everything it wrote
-# comes back as $OUT/xl.tgz.
+# drafter step profile, the data curves (XL_SCALING), the stage-02 variants (XL_V02), stage 02, the pretrain drafter's
+# decoded tau on 64 held-out real prompts x 128 tokens by source (drafter_tau_by_source.py), the window pass (XL_SWA),
+# stage 01, stage 03, the speed pass (XL_SPEED), stage 04 (XL_UNTIL=00_data: nothing after stage 00; =scaling: nothing
+# after the curves; =02_drafter_pretrain: nothing from stage 01 on). Everything it wrote comes back as $OUT/xl.tgz.
 set -u
 PHASE=$1; BUDGET=${2:-540}; DEV_OUT=${OUT:-/tmp/devout}; mkdir -p "$DEV_OUT"
 O=/tmp/o; R=/tmp/runs-xl; mkdir -p $O $R
@@ -61,6 +62,8 @@ fi
 # PRESET, DEVICE_SH and SPEED_DEVICE are for a dry run of the go passes on the CPU (PRESET=tiny DEVICE_SH=/dev/null
 # SPEED_DEVICE=cpu, python3 = the venv's)
 PRESET=${PRESET:-smol-gpu-xl}
+case "${XL_UNTIL:-}" in ""|00_data|scaling|02_drafter_pretrain) ;;
+  *) echo "XL_UNTIL=$XL_UNTIL: expected 00_data, scaling or 02_drafter_pretrain (or unset)"; exit 2;; esac
 source ${DEVICE_SH:-benchmarks/device.sh}
 export QDFLASH_PROMPTS_DUMP=${XL_DUMP:-.device/xl_prompts.json.gz} QDFLASH_CACHE=/tmp/qdcache   # XL_DUMP: a dump for XL_00's size
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
@@ -128,7 +131,8 @@ cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if done_ 00_data; then
   [ -z "${XL_PROFILE-1}" ] || [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
   # the data curve (issue 34 item 4), real-only against real + self-prompted, tau walked on 64 held-out real prompts:
-  # XL_SCALING="--sizes 6250,12500,25000,0 --epochs 1" (resumable: finished points are kept)
+  # XL_SCALING="--sizes 12500,0 --steps 780" (resumable: finished points are kept; at a fixed number of epochs the
+  # points' steps grow with their data, run-1207e-h100)
   if [ -n "${XL_SCALING:-}" ]; then
     for src in real all; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset $PRESET \
       --sources $src --walk 64 --new 128 --walk-grid $O/scaling.walk-grid.json --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done

@@ -79,7 +79,8 @@ def main() -> int:
            "drafter_params": sum(p.numel() for p in drafter.parameters()),
            "kernels": {"fla": importlib.util.find_spec("fla") is not None,
                        "causal_conv1d": importlib.util.find_spec("causal_conv1d") is not None},
-           "git_sha": runio.git_sha(), "provenance": runio.provenance()}
+           "provenance": runio.provenance()}
+    res["git_sha"] = res["provenance"]["git_sha"]
     if res["kernels"]["fla"]:
         import fla
         res["kernels"]["fla_version"] = getattr(fla, "__version__", "?")

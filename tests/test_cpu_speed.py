@@ -137,6 +137,24 @@ def test_drafter_training_resumed_mid_epoch_equals_uninterrupted(tmp_path, monke
         assert torch.equal(p, q), n
 
 
+def test_drafter_training_for_a_number_of_steps_cuts_the_last_epoch(tmp_path):
+    """train_drafter(steps=N) runs exactly N optimizer steps (here 7 at 5 a epoch: one epoch and part of the next), its
+    learning-rate schedule spanning the N steps (the last step's lr is the schedule's end, not a point inside 10
+    steps)."""
+    from qdflash.drafter_train import lr_at
+    tok = load_tokenizer("tiny")
+    target = load_model("tiny", "float32")
+    cfg = load_config(DrafterConfig, "tiny", batch_size=2)
+    rows = _rows(10, seed=3)                     # 5 steps per epoch
+    feats = precompute_features(target, rows, cfg.target_layer_ids, cfg.max_len)
+    d = new_drafter(target, cfg.num_layers, cfg.block_size, cfg.target_layer_ids, mask_token_id(tok), seed=1)
+    log = train_drafter(d, target, rows, feats, cfg, 1, tmp_path / "s.pt", tmp_path / "s.jsonl", "s", progress=False,
+                        steps=7)
+    assert [r["step"] for r in log] == list(range(1, 8)) and [r["epoch"] for r in log] == [0] * 5 + [1] * 2
+    assert [r["lr"] for r in log] == [lr_at(i, 7, cfg.warmup_frac, cfg.lr) for i in range(7)]
+    assert log[-1]["lr"] != lr_at(6, 10, cfg.warmup_frac, cfg.lr)
+
+
 def test_features_equal_a_plain_forwards_hidden_states():
     """compute_features (batched, right-padded, no logits computed) gives each row's hidden states of a forward of
     that row alone, the last layer's after the final norm as transformers returns it."""

@@ -38,16 +38,22 @@ def test_figure_marks_the_reference_decoder_point(tmp_path):
 
 
 def _xl_run(tmp_path):
-    """Two XL_SCALING curves on 4 prompts: real-only and real + self-prompted points at 100 and 200 conversations and
-    a 300-conversation real + self-prompted point; each walked point's accept lengths set so that its tau is known."""
-    def point(src, n, lengths):
-        res = [{"tokens": [0] * sum(lengths), "accept_lengths": lengths}] * 4
-        tau = sum(lengths) / len(lengths)
-        return {"conversations": n, "epochs": 1, "sources": src, "steps": n // 10, "train_s": 1.0, "tau_est": tau + 0.2,
-                "tau_est_ci95": [tau, tau + 0.4], "tau_walk": tau, "tau_walk_ci95": [tau - 0.1, tau + 0.1],
+    """Two XL_SCALING curves on 4 prompts: real-only points at 100 and 200 conversations, real + self-prompted at 100,
+    200 and 300 (twice at 300: 30 and 60 steps). Each walked point's per-prompt accept lengths differ between prompts,
+    and its saved tau_walk summary is a decoy (9.0), so only per-prompt pairing gives the expected differences."""
+    def point(src, n, per_prompt, steps=None):
+        res = [{"tokens": [0] * sum(al), "accept_lengths": al} for al in per_prompt]
+        tau = sum(map(sum, per_prompt)) / sum(map(len, per_prompt))
+        return {"conversations": n, "epochs": 1, "sources": src, "steps": steps or n // 10, "train_s": 1.0,
+                "tau_est": tau + 0.2, "tau_est_ci95": [tau, tau + 0.4], "tau_walk": 9.0, "tau_walk_ci95": [8.9, 9.1],
                 "walk_prompts": 4, "walk_results": res}
-    real = [point("real", 100, [1, 2]), point("real", 200, [2, 2])]                  # tau 1.5, 2.0
-    allp = [point("all", 100, [1, 1]), point("all", 200, [2, 3]), point("all", 300, [3, 3])]   # 1.0, 2.5, 3.0
+    real = [point("real", 100, [[1, 1], [2, 2], [3, 3], [4, 4]]),                          # tau 2.5
+            point("real", 200, [[2, 2], [2, 2], [2, 2], [2, 2]], steps=40)]                # 2.0
+    allp = [point("all", 100, [[2, 2], [2, 2], [4, 4], [4, 4]]),                           # 3.0
+            point("all", 200, [[1, 1], [1, 1], [3, 3], [3, 3]], steps=40),                 # 2.0
+            point("all", 300, [[3, 3], [3, 3], [3, 3], [3, 3]], steps=30),                 # 3.0, closest in steps
+            point("all", 300, [[4, 4], [4, 4], [4, 4], [4, 4]], steps=60)]                 # 4.0
+    allp[3]["epochs"] = 2
     (tmp_path / "scaling-real.json").write_text(json.dumps({"points": real}))
     (tmp_path / "scaling-all.json").write_text(json.dumps({"points": allp}))
     return tmp_path
@@ -58,18 +64,30 @@ def test_xl_curves_pair_equal_sizes_and_the_largest_points(tmp_path):
     run = _xl_run(tmp_path)
     pairs = xl_scaling_pairs(run)
     got = [(p["a"], p["b"], round(p["diff"], 6)) for p in pairs]
-    assert got == [("real + self-prompted, 100", "real only, 100", -0.5),
-                   ("real + self-prompted, 200", "real only, 200", 0.5),
-                   ("real + self-prompted, 300", "real only, 200", 1.0)]     # largest against largest
-    assert all(p["diff_ci95"][0] <= p["diff"] <= p["diff_ci95"][1] for p in pairs)
+    assert got == [("real + self-prompted, 100 conversations, 10 steps", "real only, 100 conversations, 10 steps", 0.5),
+                   ("real + self-prompted, 200 conversations, 40 steps", "real only, 200 conversations, 40 steps", 0.0),
+                   ("real + self-prompted, 300 conversations, 30 steps", "real only, 200 conversations, 40 steps", 1.0)]
+    lo, hi = pairs[0]["diff_ci95"]
+    assert lo < 0.5 < hi and hi - lo > 0.1            # prompts differ: the paired bootstrap has a width
+    lo, hi = pairs[1]["diff_ci95"]
+    assert lo < 0 < hi                                 # equal pooled tau, unequal prompts
     t = xl_scaling_table(run)
-    assert t.loc[("real only", 200), "tau (walked)"] == 2.0 and len(t) == 5
+    assert len(t) == 6 and set(t["tau (walked)"]) == {9.0}       # the table shows the saved summaries as they are
 
 
 def test_xl_figure_draws_both_curves(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     from qdflash.scaling import xl_scaling_plot
-    ax = xl_scaling_plot(_xl_run(tmp_path)).axes[0]
-    ys = [line.get_ydata().tolist() for line in ax.get_lines()]
-    assert [1.5, 2.0] in ys and [1.0, 2.5, 3.0] in ys
+    run = _xl_run(tmp_path)
+    for src in ("real", "all"):            # the figure's points: the saved walked tau of each point, by size
+        f = run / f"scaling-{src}.json"
+        d = json.loads(f.read_text())
+        for i, p in enumerate(d["points"]):
+            p["tau_walk"] = 1.0 + i / 10
+            p["tau_walk_ci95"] = [p["tau_walk"] - 0.05, p["tau_walk"] + 0.05]
+        f.write_text(json.dumps(d))
+    ax = xl_scaling_plot(run).axes[0]
+    ys = [[round(y, 3) for y in line.get_ydata().tolist()] for line in ax.get_lines()]
+    assert [1.0, 1.1] in ys and [1.0, 1.1, 1.2, 1.3] in ys
+    assert "(1/2 epochs a point," in ax.get_xlabel()

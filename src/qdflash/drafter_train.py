@@ -187,12 +187,13 @@ LOG_EVERY = 25           # steps between host reads of the training log (each re
 
 
 def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cfg: DrafterConfig, epochs: int,
-                  ckpt: Path, log_path: Path, tag: str, progress=True) -> list[dict]:
+                  ckpt: Path, log_path: Path, tag: str, progress=True, steps: int | None = None) -> list[dict]:
     """Train in place; resumable from ``ckpt`` (drafter, optimizer, step, log and the epoch's sampling generator
     state), written every ``cfg.save_every`` steps and at each epoch end: a run killed mid-epoch and resumed
     draws the same batches and anchors as an uninterrupted one. Under torchrun the drafter is FSDP-sharded in place
     (it stays sharded on return), steps run this rank's micro-batches, and the checkpoint is ``ckpt`` with the
-    suffix ``.dcp`` (``distributed``)."""
+    suffix ``.dcp`` (``distributed``). ``steps``: train exactly this many optimizer steps (whole epochs, then part of
+    one; the learning-rate schedule spans them) instead of ``epochs`` epochs."""
     from tqdm.auto import tqdm
     dp = distributed.current()
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
@@ -206,7 +207,7 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
     mask_id = drafter.mask_token_id
     t2d = target_to_draft(drafter, int(drafter.config.vocab_size))
     steps_per_epoch = max(1, len(rows) // cfg.batch_size)
-    total = epochs * steps_per_epoch
+    total = steps if steps is not None else epochs * steps_per_epoch
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
                             fused=True)
     step, log, gen_state = 0, [], None
@@ -269,6 +270,8 @@ def train_drafter(drafter: DFlashDraftModel, target, rows: list[dict], feats, cf
             gen.set_state(gen_state)
         gen_state = None
         for s in range(within, steps_per_epoch):
+            if step >= total:               # ``steps``: the last epoch is cut short
+                break
             idx = order[s * cfg.batch_size: (s + 1) * cfg.batch_size]
             lr = lr_at(step, total, cfg.warmup_frac, cfg.lr)
             for g in opt.param_groups:

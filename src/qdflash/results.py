@@ -532,46 +532,41 @@ def _regime_curve(reads: list[Path], root: Path) -> str:
 
 def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
     """The data curve of issue 34 (reads: a gpu_xl.sh XL_SCALING run's ``scaling-real.json`` and/or
-    ``scaling-all.json``): the table, the points' steps against the preset's stage 02, the paired differences on the
-    same held-out real prompts, the run's figure."""
+    ``scaling-all.json``; everything shown comes from the run folder's curves): the table, the points' steps against the
+    preset's stage 02, the paired differences on the same held-out real prompts, the run's figure."""
     from .figures import table_markdown
-    from .scaling import xl_scaling_pairs, xl_scaling_table
+    from .scaling import SOURCES, _xl_curves, xl_scaling_pairs, xl_scaling_table, xl_scaling_trained
     run = reads[0].parent
-    rs = [read_json(p) for p in reads]
-    pts = [p for r in rs for p in r["points"]]
-    where = (rs[0].get("provenance") or {}).get("gpu") or rs[0].get("device", "?")
-    epochs = sorted({p["epochs"] for p in pts})
-    trained = (f"{epochs[0]} epoch{'s' * (epochs[0] != 1)} a point" if len(epochs) == 1
-               else f"about {round(sum(p['steps'] for p in pts) / len(pts)):,} optimizer steps a point")
-    curves = " and ".join("real only" if r["points"][0]["sources"] == "real" else "real + self-prompted" for r in rs)
-    out = "\n" + table_markdown(xl_scaling_table(run), f"The drafter against its training conversations, {curves}, the "
-                                 f"`smol-gpu-xl` drafter trained {trained}, one GPU ({where}; "
-                                 f"`benchmarks/drafter_scaling.py`, `{rel(run)}/`): the decoder's tau walked on the same "
-                                 f"{_walk_prompts(rs[0])} held-out real prompts (95% CI over prompts) and the block-level "
-                                 f"estimate (CI over held-out conversations); one training seed a point", LEVEL)
-    cfg, m0 = rs[0]["config"], run / "metrics-00_data.json"
+    curves = _xl_curves(run)
+    pts = [p for c in curves.values() for p, _ in c]
+    r = read_json(run / f"scaling-{next(iter(curves))}.json")
+    where = (r.get("provenance") or {}).get("gpu") or r.get("device", "?")
+    walked = {p.get("walk_prompts") for p in pts} - {None}
+    out = "\n" + table_markdown(xl_scaling_table(run), f"The drafter against its training conversations, "
+                                 f"{' and '.join(SOURCES[s] for s in curves)}, the `smol-gpu-xl` drafter trained "
+                                 f"{xl_scaling_trained(run)}, one GPU ({where}; `benchmarks/drafter_scaling.py`, "
+                                 f"`{rel(run)}/`): the decoder's tau walked on the same {'/'.join(map(str, walked))} "
+                                 f"held-out real prompts (95% CI over prompts) and the block-level estimate (CI over "
+                                 f"held-out conversations); one training seed a point", LEVEL)
+    cfg, m0 = r["config"], run / "metrics-00_data.json"
     if m0.exists():
         n = read_json(m0)["n_train"]
+        by_epochs = not any("steps_target" in p for p in pts)
         out += (f"\nSteps per point: {min(p['steps'] for p in pts):,}-{max(p['steps'] for p in pts):,}, against "
                 f"{cfg['epochs'] * (n // cfg['batch_size']):,} in the preset's stage 02 ({cfg['epochs']} epochs of all "
                 f"{n:,} conversations at batch {cfg['batch_size']})"
-                + ("; at a fixed number of epochs the points differ in steps as much as in data (`drafter_scaling.py "
-                   "--steps` holds the steps)" if len({p["steps"] for p in pts}) > 1 and len(epochs) == 1 else "")
-                + ".\n")
+                + ("; at a fixed number of epochs steps grow with the data, so these points confound the two "
+                   "(`drafter_scaling.py --steps` holds the steps)" if by_epochs and len({p["steps"] for p in pts}) > 1
+                   else "") + ".\n")
     pairs = xl_scaling_pairs(run)
     if pairs:
         out += "\nPaired over the same held-out real prompts (walked tau):\n" + "".join(
-            f"- {p['a']} minus {p['b']} conversations: {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to "
-            f"{p['diff_ci95'][1]:+.3f})\n" for p in pairs)
+            f"- {p['a']} minus {p['b']}: {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})\n"
+            for p in pairs)
     fig = f"fig-xl-scaling-{run.name}"
     if (REPO_ROOT / "figures" / "smol" / f"{fig}.png").exists():
         out += f"\n![tau against training conversations, {run.name}](../figures/smol/{fig}.png)\n"
     return out
-
-
-def _walk_prompts(r: dict) -> str:
-    n = {p.get("walk_prompts") for p in r["points"]} - {None}
-    return f"{n.pop()}" if len(n) == 1 else "?"
 
 
 def _swa_long(reads: list[Path], root: Path) -> str:

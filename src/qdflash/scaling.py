@@ -1,7 +1,8 @@
 """What more data buys the drafter: tables and the figure from the saved GPU run of ``smol-gpu``
 (``benchmarks/smol-gpu-h200/``: the scaling sweep of ``benchmarks/drafter_scaling.py`` and the held-out decoding of
-the trained drafters with the reference decoder). Read only from those files; ``qdflash figures`` puts the tables in
-the README block and the figure in ``figures/<preset>/``."""
+the trained drafters with the reference decoder), and the ``smol-gpu-xl`` data curves of ``benchmarks/gpu_xl.sh``
+(``XL_SCALING``: real only against real + self-prompted, the decoder's tau walked on held-out real prompts). Read only
+from those files; ``qdflash figures`` puts the tables in the README block and the figures in ``figures/<preset>/``."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -98,81 +99,95 @@ def cpu_minutes_table(smol_root: Path, run_dir: Path = GPU_RUN) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------- smol-gpu-xl curves
+SOURCES = {"real": "real only", "all": "real + self-prompted"}
+
+
 def _xl_curves(xl_dir: Path) -> dict:
     """``scaling-real.json`` and ``scaling-all.json`` of a ``gpu_xl.sh`` run with ``XL_SCALING`` (real-only and real +
-    self-prompted training data), those the run has: {sources: (points, each walked point's per-prompt results by its
-    name)}."""
+    self-prompted training data), those the run has: {sources: [(point, its walked per-prompt results or None)]} by
+    conversations, then steps."""
     from .decode_stats import results_from_json
     out = {}
-    for src in ("real", "all"):
+    for src in SOURCES:
         f = Path(xl_dir) / f"scaling-{src}.json"
-        if not f.exists():          # a run that finished one curve only
-            continue
-        pts = [p for p in read_json(f)["points"] if p.get("sources", "all") == src]
-        out[src] = (pts, {f"{src}-n{p['conversations']}-e{p['epochs']}": results_from_json(p["walk_results"])
-                          for p in pts if "walk_results" in p})
+        if f.exists():              # a run may have finished one curve only
+            pts = sorted((p for p in read_json(f)["points"] if p.get("sources", "all") == src),
+                         key=lambda p: (p["conversations"], p["steps"]))
+            out[src] = [(p, results_from_json(p["walk_results"]) if "walk_results" in p else None) for p in pts]
     return out
+
+
+def xl_scaling_trained(xl_dir: Path) -> str:
+    """How the curves' points were trained: "N epoch(s) a point" or, for ``drafter_scaling.py --steps``, "N optimizer
+    steps a point" (several values joined by "/")."""
+    pts = [p for curve in _xl_curves(xl_dir).values() for p, _ in curve]
+    if any("steps_target" in p for p in pts):
+        s = sorted({p["steps"] for p in pts})
+        return f"{'/'.join(f'{x:,}' for x in s)} optimizer steps a point"
+    e = sorted({p["epochs"] for p in pts})
+    return f"{'/'.join(map(str, e))} epoch{'s' * (e != [1])} a point"
 
 
 def xl_scaling_table(xl_dir: Path) -> pd.DataFrame:
     """One row per point of both curves: training conversations, epochs, optimizer steps, training seconds, the decoder's
     tau walked on the held-out real prompts (95% CI over prompts) and the block-level estimate (CI over conversations)."""
     rows = []
-    for src, (pts, _) in _xl_curves(xl_dir).items():
-        for p in pts:
-            rows.append({"training data": "real only" if src == "real" else "real + self-prompted",
-                         "conversations": p["conversations"], "epochs": p["epochs"], "steps": p["steps"],
-                         "train s": p["train_s"], "tau (walked)": round(p["tau_walk"], 3) if "tau_walk" in p else None,
+    for src, curve in _xl_curves(xl_dir).items():
+        for p, _ in curve:
+            rows.append({"training data": SOURCES[src], "conversations": p["conversations"], "epochs": p["epochs"],
+                         "steps": p["steps"], "train s": p["train_s"],
+                         "tau (walked)": round(p["tau_walk"], 3) if "tau_walk" in p else None,
                          "95% CI": ci_text(p, "tau_walk_ci95") if "tau_walk" in p else None,
                          "tau estimate (block)": round(p["tau_est"], 3), "estimate CI": ci_text(p, "tau_est_ci95")})
     return pd.DataFrame(rows).sort_values(["training data", "conversations"]).set_index(["training data", "conversations"])
 
 
+def _label(src: str, p: dict) -> str:
+    return f"{SOURCES[src]}, {p['conversations']:,} conversations, {p['steps']:,} steps"
+
+
 def xl_scaling_pairs(xl_dir: Path) -> list[dict]:
-    """Paired differences of the walked tau on the same held-out real prompts: at each size both curves reached, real +
-    self-prompted minus real only (what swapping real conversations for the target's own costs); and the largest
-    real + self-prompted point minus the largest real-only one (what the self-prompted conversations add on top of every
-    real one)."""
+    """Paired differences of the walked tau on the same held-out real prompts (a, b: each point's label): at each size
+    and number of epochs (so the same steps) both curves have, real + self-prompted minus real only (what swapping real
+    conversations for the target's own costs); then the largest real + self-prompted point minus the largest real-only
+    one (what the self-prompted conversations add on top of every real one), of those two sizes the pair closest in
+    steps."""
     from .decode_stats import paired_bootstrap
     c = _xl_curves(xl_dir)
-    (real, greal), (allp, gall) = c.get("real", ([], {})), c.get("all", ([], {}))
-    name = lambda src, p: f"{src}-n{p['conversations']}-e{p['epochs']}"      # noqa: E731 (drafter_scaling's names)
-    by_real = {p["conversations"]: p for p in real}
+    real = [(p, r) for p, r in c.get("real", []) if r is not None]
+    allp = [(p, r) for p, r in c.get("all", []) if r is not None]
+    by_real = {(p["conversations"], p["epochs"]): (p, r) for p, r in real}
     pairs = []
-    for p in sorted(allp, key=lambda p: p["conversations"]):
-        q = by_real.get(p["conversations"])
-        if q is not None and name("all", p) in gall and name("real", q) in greal:
-            pairs.append({"a": f"real + self-prompted, {p['conversations']:,}", "b": f"real only, {q['conversations']:,}",
-                          **paired_bootstrap(gall[name("all", p)], greal[name("real", q)])})
+    for p, r in allp:
+        q = by_real.get((p["conversations"], p["epochs"]))
+        if q is not None:
+            pairs.append({"a": _label("all", p), "b": _label("real", q[0]), **paired_bootstrap(r, q[1])})
     if real and allp:
-        p, q = max(allp, key=lambda p: p["conversations"]), max(real, key=lambda p: p["conversations"])
-        if p["conversations"] != q["conversations"] and name("all", p) in gall and name("real", q) in greal:
-            pairs.append({"a": f"real + self-prompted, {p['conversations']:,}", "b": f"real only, {q['conversations']:,}",
-                          **paired_bootstrap(gall[name("all", p)], greal[name("real", q)])})
+        na, nr = max(p["conversations"] for p, _ in allp), max(p["conversations"] for p, _ in real)
+        if na != nr:
+            (p, r), (q, rq) = min(((x, y) for x in allp if x[0]["conversations"] == na
+                                   for y in real if y[0]["conversations"] == nr),
+                                  key=lambda xy: abs(xy[0][0]["steps"] - xy[1][0]["steps"]))
+            pairs.append({"a": _label("all", p), "b": _label("real", q), **paired_bootstrap(r, rq)})
     return pairs
 
 
 def xl_scaling_plot(xl_dir: Path):
     """The decoder's tau (walked, 95% CI over the held-out real prompts) against training conversations, real only
-    against real + self-prompted, at the epochs of the sweep; the block-level estimates dashed."""
+    against real + self-prompted; the block-level estimates dashed."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for i, (src, (pts, _)) in enumerate(_xl_curves(xl_dir).items()):
-        pts = sorted(pts, key=lambda p: p["conversations"])
-        label = "real only" if src == "real" else "real + self-prompted"
+    for i, (src, curve) in enumerate(_xl_curves(xl_dir).items()):
+        pts = [p for p, _ in curve]
         x = [p["conversations"] for p in pts]
         if all("tau_walk" in p for p in pts):
             y = [p["tau_walk"] for p in pts]
             err = [[p["tau_walk"] - p["tau_walk_ci95"][0] for p in pts], [p["tau_walk_ci95"][1] - p["tau_walk"] for p in pts]]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, c=f"C{i}", label=f"{label} (decoder's tau, walked)")
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, c=f"C{i}", label=f"{SOURCES[src]} (decoder's tau, walked)")
         ax.plot(x, [p["tau_est"] for p in pts], ls="--", marker=".", c=f"C{i}", alpha=0.6,
-                label=f"{label} (block estimate)")
-    allpts = [p for pts, _ in _xl_curves(xl_dir).values() for p in pts]
-    ep = sorted({p["epochs"] for p in allpts})
-    trained = (f"{ep[0]} epoch{'s' * (ep[0] != 1)}" if len(ep) == 1        # else drafter_scaling.py --steps
-               else f"about {round(sum(p['steps'] for p in allpts) / len(allpts)):,} steps each")
+                label=f"{SOURCES[src]} (block estimate)")
     ax.set_xscale("log")
-    ax.set_xlabel(f"training conversations ({trained}, smol-gpu-xl drafter)")
+    ax.set_xlabel(f"training conversations ({xl_scaling_trained(xl_dir)}, smol-gpu-xl drafter)")
     ax.set_ylabel("tau (bonus token counted)")
     ax.legend(fontsize=7)
     fig.tight_layout()
