@@ -535,9 +535,9 @@ def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
     ``scaling-all.json``; everything shown comes from the run folder's curves): the table, the points' steps against the
     preset's stage 02, the paired differences on the same held-out real prompts, the run's figure."""
     from .figures import table_markdown
-    from .scaling import SOURCES, _xl_curves, xl_scaling_pairs, xl_scaling_table, xl_scaling_trained
+    from .scaling import SOURCES, xl_curves, xl_scaling_pairs, xl_scaling_table, xl_scaling_trained
     run = reads[0].parent
-    curves = _xl_curves(run)
+    curves = xl_curves(run)
     pts = [p for c in curves.values() for p, _ in c]
     r = read_json(run / f"scaling-{next(iter(curves))}.json")
     where = (r.get("provenance") or {}).get("gpu") or r.get("device", "?")

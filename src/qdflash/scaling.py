@@ -102,7 +102,7 @@ def cpu_minutes_table(smol_root: Path, run_dir: Path = GPU_RUN) -> pd.DataFrame:
 SOURCES = {"real": "real only", "all": "real + self-prompted"}
 
 
-def _xl_curves(xl_dir: Path) -> dict:
+def xl_curves(xl_dir: Path) -> dict:
     """``scaling-real.json`` and ``scaling-all.json`` of a ``gpu_xl.sh`` run with ``XL_SCALING`` (real-only and real +
     self-prompted training data), those the run has: {sources: [(point, its walked per-prompt results or None)]} by
     conversations, then steps."""
@@ -120,7 +120,7 @@ def _xl_curves(xl_dir: Path) -> dict:
 def xl_scaling_trained(xl_dir: Path) -> str:
     """How the curves' points were trained: "N epoch(s) a point" or, for ``drafter_scaling.py --steps``, "N optimizer
     steps a point" (several values joined by "/")."""
-    pts = [p for curve in _xl_curves(xl_dir).values() for p, _ in curve]
+    pts = [p for curve in xl_curves(xl_dir).values() for p, _ in curve]
     if any("steps_target" in p for p in pts):
         s = sorted({p["steps"] for p in pts})
         return f"{'/'.join(f'{x:,}' for x in s)} optimizer steps a point"
@@ -132,7 +132,7 @@ def xl_scaling_table(xl_dir: Path) -> pd.DataFrame:
     """One row per point of both curves: training conversations, epochs, optimizer steps, training seconds, the decoder's
     tau walked on the held-out real prompts (95% CI over prompts) and the block-level estimate (CI over conversations)."""
     rows = []
-    for src, curve in _xl_curves(xl_dir).items():
+    for src, curve in xl_curves(xl_dir).items():
         for p, _ in curve:
             rows.append({"training data": SOURCES[src], "conversations": p["conversations"], "epochs": p["epochs"],
                          "steps": p["steps"], "train s": p["train_s"],
@@ -153,7 +153,7 @@ def xl_scaling_pairs(xl_dir: Path) -> list[dict]:
     one (what the self-prompted conversations add on top of every real one), of those two sizes the pair closest in
     steps."""
     from .decode_stats import paired_bootstrap
-    c = _xl_curves(xl_dir)
+    c = xl_curves(xl_dir)
     real = [(p, r) for p, r in c.get("real", []) if r is not None]
     allp = [(p, r) for p, r in c.get("all", []) if r is not None]
     by_real = {(p["conversations"], p["epochs"]): (p, r) for p, r in real}
@@ -177,7 +177,7 @@ def xl_scaling_plot(xl_dir: Path):
     against real + self-prompted; the block-level estimates dashed."""
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for i, (src, curve) in enumerate(_xl_curves(xl_dir).items()):
+    for i, (src, curve) in enumerate(xl_curves(xl_dir).items()):
         pts = [p for p, _ in curve]
         x = [p["conversations"] for p in pts]
         if all("tau_walk" in p for p in pts):
