@@ -43,8 +43,8 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root, cards: bool = True) -> F
     from ..scaling import GPU_RUN, scaling_plot
     if cfg.preset in ("smol", "smol-gpu") and (GPU_RUN / "scaling.json").exists():   # the saved GPU run (scaling.py)
         files += save_figure(scaling_plot(GPU_RUN), fig_dir, "fig-drafter-scaling", cfg.formats)
-    if cfg.preset == "smol":          # the GPU runs' tau against training (the manifest's regime_curve reads) and
-        #                               each gpu_xl_scaling run's data curves
+    # the GPU runs' tau against training (the manifest's regime_curve reads) and each gpu_xl_scaling run's data curves
+    if cfg.preset == "smol":
         from ..bench_index import readme_sections
         from ..gpu_results import regime_curve_plot
         for show, reads in readme_sections("smol"):
