@@ -1075,6 +1075,13 @@ def seeds_table(run_dir: str | Path, summary: dict | None = None) -> pd.DataFram
     return pd.DataFrame(rows).set_index("seed") if rows else pd.DataFrame()
 
 
+def machine_of(result: dict) -> str:
+    """The machine a saved result ran on, from its ``provenance`` (``runio.provenance``): the GPU model, else the CPU
+    model; "?" for a result without one."""
+    p = result.get("provenance") or {}
+    return p.get("gpu") or (p.get("cpu") or {}).get("model") or "?"
+
+
 def swa_long_tables(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``benchmarks/swa_long_context.py``'s output as two tables: per drafter and serving window, the walked tau with its
     95% interval over the long prompts and the walk's drafter ms a step; per context length, one drafter step's median
@@ -1102,10 +1109,9 @@ def swa_long_summary(path: str | Path) -> str:
     lengths, the machine and the commit."""
     r = read_json(path)
     p, pt, w = r.get("provenance") or {}, r["prompt_tokens"], r["window"]
-    where = p.get("gpu") or (p.get("cpu") or {}).get("model") or "?"
     lines = [f"{r['prompts']} real multi-turn prompts of {pt['min']:,}-{pt['max']:,} tokens (median {pt['median']:,.0f}, "
              f"{pt['median'] / w:.0f} x W = {w}), {r['new_tokens']} new tokens each, walked along the target's greedy "
-             f"answer; {where}, commit `{str(p.get('git_sha', r.get('git_sha', '?')))[:12]}`. Paired over the same prompts:"]
+             f"answer; {machine_of(r)}, commit `{str(p.get('git_sha', r.get('git_sha', '?')))[:12]}`. Paired over the same prompts:"]
     for name, d in r["paired"].items():
         lo, hi = d["diff_ci95"]
         lines.append(f"- {name.replace(' - ', ' minus ')}: {d['diff']:+.3f} ({lo:+.3f} to {hi:+.3f})")

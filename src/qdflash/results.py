@@ -535,12 +535,13 @@ def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
     ``scaling-all.json``; everything shown comes from the run folder's curves): the table, the points' steps against the
     preset's stage 02, the paired differences on the same held-out real prompts, the run's figure."""
     from .figures import table_markdown
+    from .gpu_results import machine_of
     from .scaling import SOURCES, xl_curves, xl_scaling_pairs, xl_scaling_table, xl_scaling_trained
     run = reads[0].parent
     curves = xl_curves(run)
     pts = [p for c in curves.values() for p, _ in c]
     r = read_json(run / f"scaling-{next(iter(curves))}.json")
-    where = (r.get("provenance") or {}).get("gpu") or r.get("device", "?")
+    where = machine_of(r)
     walked = {p.get("walk_prompts") for p in pts} - {None}
     out = "\n" + table_markdown(xl_scaling_table(run), f"The drafter against its training conversations, "
                                  f"{' and '.join(SOURCES[s] for s in curves)}, the `smol-gpu-xl` drafter trained "
@@ -574,11 +575,11 @@ def _swa_long(reads: list[Path], root: Path) -> str:
     per run, the walked tau by drafter and serving window, one drafter step against the context length, and the paired
     differences."""
     from .figures import table_markdown
-    from .gpu_results import swa_long_summary, swa_long_tables
+    from .gpu_results import machine_of, swa_long_summary, swa_long_tables
     out = ""
     for path in reads:
         r = read_json(path)
-        where = (r.get("provenance") or {}).get("gpu") or ((r.get("provenance") or {}).get("cpu") or {}).get("model", "?")
+        where = machine_of(r)
         rows, steps = swa_long_tables(path)
         out += ("\n" + table_markdown(rows, f"The drafter window at long context, W = {r['window']}, {where} "
                                       f"(`{rel(path)}`): tau walked on the same long real prompts (one training seed "
