@@ -157,7 +157,11 @@ def main() -> None:
             # (paired comparisons between points and curves: scaling.xl_scaling_pairs)
             ev.update({"tau_walk": st["tau"], "tau_walk_ci95": st["tau_ci95"], "walk_prompts": len(prompts),
                        "walk_results": json.loads(grid.read_text())["results"][name]})
-        p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log), "train_s": round(train_s, 1),
+        # training seconds from the log, which carries them over a resume (a point whose checkpoint a cut call left
+        # finished trains nothing here); the wall time of this call's training beside it
+        p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log),
+             "train_s": round(log[-1].get("train_s", train_s) if log else train_s, 1), "call_train_s": round(train_s, 1),
+             "self_prompted": sum(is_self_prompted(r["id"]) for r in rows),
              **({"steps_target": steps} if steps else {}),
              "response_tokens": sum(sum(r["loss_mask"]) for r in rows),
              "final_loss": sum(r["loss"] for r in log[-20:]) / max(1, len(log[-20:])), **ev}

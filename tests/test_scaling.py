@@ -75,6 +75,26 @@ def test_xl_curves_pair_equal_sizes_and_the_largest_points(tmp_path):
     assert len(t) == 6 and set(t["tau (walked)"]) == {9.0}       # the table shows the saved summaries as they are
 
 
+def test_xl_pairs_more_data_at_equal_steps_and_no_largest_pair_when_real_reaches_further(tmp_path):
+    """The equal-steps design (drafter_scaling.py --steps): every point trains the same steps, so within a curve the
+    largest minus the smallest size is what more conversations add at equal training; where the real-only curve is the
+    longer one, there is no "self-prompted on top of every real conversation" pair."""
+    from qdflash.scaling import xl_scaling_pairs
+    def point(src, n, per_prompt):
+        res = [{"tokens": [0] * sum(al), "accept_lengths": al} for al in per_prompt]
+        return {"conversations": n, "epochs": 100 / n, "sources": src, "steps": 10, "steps_target": 10,
+                "train_s": 1.0, "tau_est": 2.0, "tau_est_ci95": [1.9, 2.1], "tau_walk": 9.0,
+                "tau_walk_ci95": [8.9, 9.1], "walk_prompts": 3, "walk_results": res}
+    real = [point("real", 400, [[3, 3], [2, 2], [4, 4]]), point("real", 100, [[1, 1], [2, 2], [3, 3]]),
+            point("real", 200, [[1, 1], [1, 1], [1, 1]])]
+    allp = [point("all", 100, [[2, 2], [2, 2], [2, 2]])]
+    (tmp_path / "scaling-real.json").write_text(json.dumps({"points": real}))
+    (tmp_path / "scaling-all.json").write_text(json.dumps({"points": allp}))
+    got = [(p["a"], p["b"], round(p["diff"], 6)) for p in xl_scaling_pairs(tmp_path)]
+    assert got == [("real + self-prompted, 100 conversations, 10 steps", "real only, 100 conversations, 10 steps", 0.0),
+                   ("real only, 400 conversations, 10 steps", "real only, 100 conversations, 10 steps", 1.0)]
+
+
 def test_xl_figure_draws_both_curves(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
@@ -91,3 +111,69 @@ def test_xl_figure_draws_both_curves(tmp_path):
     ys = [[round(y, 3) for y in line.get_ydata().tolist()] for line in ax.get_lines()]
     assert [1.0, 1.1] in ys and [1.0, 1.1, 1.2, 1.3] in ys
     assert "(1/2 epochs a point," in ax.get_xlabel()
+    grid = _other_run(tmp_path, [[3, 3], [3, 3], [3, 3], [3, 3]])          # another run's stage-02 drafter, tau 3.0
+    ax = xl_scaling_plot(run, (grid,)).axes[0]
+    assert [([5000], [3.0])] == [(ln.get_xdata().tolist(), ln.get_ydata().tolist()) for ln in ax.get_lines()
+                                 if ln.get_xdata().tolist() == [5000] and ln.get_marker() == "o"]   # not its caps
+
+
+def _other_run(tmp_path, per_prompt, steps=10, tokens=None):
+    """Another gpu_xl.sh run's stage-02 drafter: its grid on the same prompts, its steps and conversations."""
+    run = tmp_path / "other-run"
+    run.mkdir(exist_ok=True)
+    res = [{"tokens": tokens[i] if tokens else [0] * sum(al), "accept_lengths": al} for i, al in enumerate(per_prompt)]
+    (run / "tau-pretrain-fp.grid.json").write_text(json.dumps({"results": {"plain": [], "pretrain": res}}))
+    (run / "metrics-02_drafter_pretrain.json").write_text(json.dumps({"train": {"steps": steps}}))
+    (run / "metrics-00_data.json").write_text(json.dumps({"n_train": 5000}))
+    return run / "tau-pretrain-fp.grid.json"
+
+
+def test_xl_cross_run_pairs_match_steps_and_refuse_other_prompts(tmp_path):
+    """Another run's stage-02 drafter pairs with every walked point of its steps (here the two 10-step points, not the
+    40-step ones), per prompt; outputs that differ from the points' (another split or target) raise."""
+    import pytest
+
+    from qdflash.scaling import xl_cross_run_pairs
+    (tmp_path / "xl").mkdir()
+    run = _xl_run(tmp_path / "xl")
+    same = [[i] * 9 for i in range(4)]           # a lossless decoder's outputs: each prompt's own, in every point
+    for src in ("real", "all"):
+        f = run / f"scaling-{src}.json"
+        d = json.loads(f.read_text())
+        for p in d["points"]:
+            for i, r in enumerate(p["walk_results"]):
+                r["tokens"] = same[i]
+        f.write_text(json.dumps(d))
+    grid = _other_run(tmp_path, [[3, 3], [3, 3], [3, 3], [3, 3]], tokens=same)          # tau 3.0
+    got = [(p["a"], p["b"], round(p["diff"], 6)) for p in xl_cross_run_pairs(run, [grid])]
+    a = "other-run's stage 02, real + self-prompted, 5,000 conversations, 10 steps"
+    assert got == [(a, "real only, 100 conversations, 10 steps", 0.5),
+                   (a, "real + self-prompted, 100 conversations, 10 steps", 0.0)]
+    bad = _other_run(tmp_path, [[3, 3], [3, 3], [3, 3], [3, 3]], tokens=same[:3] + [[5] * 9])
+    with pytest.raises(ValueError, match="prompts or target differ"):
+        xl_cross_run_pairs(run, [bad])
+
+
+def test_readme_rows_come_only_from_curves_at_equal_steps(tmp_path):
+    """The README's data rows: a curve trained at equal steps (drafter_scaling.py --steps) gives its paired
+    differences; a curve by epochs (steps grow with the data) gives none."""
+    from qdflash.results import _data_curve_rows
+
+    def point(src, n, per_prompt, **kw):
+        res = [{"tokens": [0] * sum(al), "accept_lengths": al} for al in per_prompt]
+        return {"conversations": n, "epochs": 1, "sources": src, "steps": 10, "train_s": 1.0, "tau_est": 2.0,
+                "tau_est_ci95": [1.9, 2.1], "tau_walk": 2.0, "tau_walk_ci95": [1.9, 2.1], "walk_prompts": 3,
+                "walk_results": res, **kw}
+    for name, extra in (("steps", {"steps_target": 10}), ("epochs", {})):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "scaling-real.json").write_text(json.dumps({"points": [
+            point("real", 100, [[1, 1], [2, 2], [3, 3]], **extra), point("real", 400, [[3, 3], [2, 2], [4, 4]], **extra)]}))
+        (run / "scaling-all.json").write_text(json.dumps({"points": [point("all", 100, [[2, 2], [2, 2], [2, 2]], **extra)]}))
+    rows, runs = _data_curve_rows([tmp_path / "epochs" / "scaling-real.json", tmp_path / "steps" / "scaling-real.json",
+                                   tmp_path / "steps" / "scaling-all.json"])
+    assert runs == [tmp_path / "steps"]
+    assert [(r[0].split(":")[0], r[2]) for r in rows] == [
+        ("real + self-prompted minus real-only training conversations (100 each, 10 steps each)", "+0.000"),
+        ("400 minus 100 training conversations, real only (10 steps each)", "+1.000")]
+    assert all(r[3].endswith("(3 prompts)") for r in rows)

@@ -886,6 +886,7 @@ def _scaling_rows(path: Path) -> list[dict]:
     """``regime_curve_table``'s rows for the walked points of a ``benchmarks/drafter_scaling.py`` output (the pretrained
     drafter of each point, walked on the fp32 FP target): run ``<folder>, real only`` for a real-only sweep."""
     from .decode_stats import acceptance_stats, results_from_json
+    from .scaling import point_train_s
     r = json.loads(path.read_text())
     cfg = r["config"]
     new = re.search(r"--new (\d+)", r.get("command", ""))
@@ -894,10 +895,11 @@ def _scaling_rows(path: Path) -> list[dict]:
         if "walk_results" not in p:
             continue
         st = acceptance_stats(results_from_json(p["walk_results"]))
-        rows.append({"run": path.parent.name + (", real only" if p.get("sources") == "real" else ""),
+        rows.append({"run": path.parent.name + {"real": ", real only", "all": ", real + self-prompted"}.get(
+                         p.get("sources"), ""),
                      "conversations": p["conversations"], "layers": cfg["num_layers"], "batch": cfg["batch_size"],
                      "epochs": p["epochs"], "steps": p["steps"], "rows seen": p["steps"] * cfg["batch_size"],
-                     "stage 02 s": round(p["train_s"]), "draft vocab": cfg.get("draft_vocab") or "whole",
+                     "stage 02 s": None if point_train_s(p) is None else round(point_train_s(p)), "draft vocab": cfg.get("draft_vocab") or "whole",
                      "target": "FP", "drafter": "pretrain", "tau": round(st["tau"], 3),
                      "95% CI": f"{st['tau_ci95'][0]:.3f}–{st['tau_ci95'][1]:.3f}", "measured by": "walk",
                      "prompts x tokens": f"{len(p['walk_results'])} x {new.group(1) if new else 128}"})

@@ -176,6 +176,13 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
                 notes.append(f"`smol-gpu-xl` run 2: the same recipe again, stages 00-04 on one H100 in one session "
                              f"(`{rel(reads[0].parent)}/`); GPU training is not bit-reproducible, so it is a second "
                              f"run, not a second seed.")
+        if show == "gpu_xl_scaling":
+            data_rows, data_runs = _data_curve_rows(reads)
+            if data_rows:
+                rows += data_rows
+                notes.append("The `smol-gpu-xl` 02 data rows: the pretrained drafter on the FP target, every data "
+                             "size trained the same optimizer steps, one training seed a point ("
+                             + ", ".join(f"`{rel(r)}/`" for r in data_runs) + ").")
         if show == "gpu_seeds" and all(p.exists() for p in reads):
             seeds = _seeds_rows(reads[0])
             if seeds:
@@ -530,14 +537,46 @@ def _regime_curve(reads: list[Path], root: Path) -> str:
                if (REPO_ROOT / "figures" / "smol" / "fig-regime-curve.png").exists() else ""))
 
 
+def _data_curve_rows(reads: list[Path]) -> tuple[list[tuple], list[Path]]:
+    """The README's rows for the data curves trained at equal steps (``drafter_scaling.py --steps``; runs by epochs
+    confound steps with data and give none): real + self-prompted minus real only at the same size, and more
+    conversations at the same steps, paired over the held-out real prompts; and the run folders they come from."""
+    from .scaling import SOURCES, xl_curves, xl_scaling_pairs
+    rows, runs = [], []
+    for run in dict.fromkeys(p.parent for p in reads if p.name.startswith("scaling-") and p.exists()):
+        if not all("steps_target" in p for c in xl_curves(run).values() for p, _ in c):
+            continue
+        for pr in xl_scaling_pairs(run):
+            a, b = pr["a_point"], pr["b_point"]
+            if pr["kind"] == "self-prompted vs real":
+                what = (f"real + self-prompted minus real-only training conversations ({a['conversations']:,} each, "
+                        f"{a['steps']:,} steps each): drafter tau, paired")
+            elif pr["kind"] == "more data":
+                what = (f"{a['conversations']:,} minus {b['conversations']:,} training conversations, "
+                        f"{SOURCES[pr['sources']]} ({a['steps']:,} steps each): drafter tau, paired")
+            else:
+                continue
+            lo, hi = pr["diff_ci95"]
+            rows.append((what, "`smol-gpu-xl` 02 data", f"{pr['diff']:+.3f}",
+                         f"{lo:+.3f}–{hi:+.3f} ({a['walk_prompts']} prompts)"))
+            runs += [run] if run not in runs else []
+    return rows, runs
+
+
 def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
-    """The data curve of issue 34 (reads: a gpu_xl.sh XL_SCALING run's ``scaling-real.json`` and/or
-    ``scaling-all.json``; everything shown comes from the run folder's curves): the table, the points' steps against the
-    preset's stage 02, the paired differences on the same held-out real prompts, the run's figure."""
+    """The data curves of issue 34 (reads: gpu_xl.sh XL_SCALING runs' ``scaling-real.json`` and/or ``scaling-all.json``,
+    a part per run folder, and any other run's ``tau-pretrain-fp.grid.json``: its stage-02 drafter, paired across runs
+    with the points of equal steps): per run, the table, the points' steps against the preset's stage 02, the paired
+    differences on the same held-out real prompts, the run's figure."""
+    grids = [p for p in reads if p.name.endswith(".grid.json")]
+    runs = dict.fromkeys(p.parent for p in reads if p.name.startswith("scaling-"))
+    return "".join(_gpu_xl_scaling_run(run, grids) for run in runs)
+
+
+def _gpu_xl_scaling_run(run: Path, grids: list[Path]) -> str:
     from .figures import table_markdown
     from .gpu_results import machine_of
-    from .scaling import SOURCES, xl_curves, xl_scaling_pairs, xl_scaling_table, xl_scaling_trained
-    run = reads[0].parent
+    from .scaling import SOURCES, xl_cross_run_pairs, xl_curves, xl_scaling_pairs, xl_scaling_table, xl_scaling_trained
     curves = xl_curves(run)
     pts = [p for c in curves.values() for p, _ in c]
     r = read_json(run / f"scaling-{next(iter(curves))}.json")
@@ -553,17 +592,25 @@ def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
     if m0.exists():
         n = read_json(m0)["n_train"]
         by_epochs = not any("steps_target" in p for p in pts)
-        out += (f"\nSteps per point: {min(p['steps'] for p in pts):,}-{max(p['steps'] for p in pts):,}, against "
+        steps = sorted({p["steps"] for p in pts})
+        out += (f"\nSteps per point: {steps[0]:,}" + (f"-{steps[-1]:,}" if len(steps) > 1 else "") + ", against "
                 f"{cfg['epochs'] * (n // cfg['batch_size']):,} in the preset's stage 02 ({cfg['epochs']} epochs of all "
                 f"{n:,} conversations at batch {cfg['batch_size']})"
                 + ("; at a fixed number of epochs steps grow with the data, so these points confound the two "
                    "(`drafter_scaling.py --steps` holds the steps)" if by_epochs and len({p["steps"] for p in pts}) > 1
                    else "") + ".\n")
+    def listed(pairs):
+        return "".join(f"- {p['a']} minus {p['b']}: {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to "
+                       f"{p['diff_ci95'][1]:+.3f})\n" for p in pairs)
     pairs = xl_scaling_pairs(run)
     if pairs:
-        out += "\nPaired over the same held-out real prompts (walked tau):\n" + "".join(
-            f"- {p['a']} minus {p['b']}: {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})\n"
-            for p in pairs)
+        out += "\nPaired over the same held-out real prompts (walked tau):\n" + listed(pairs)
+    cross = xl_cross_run_pairs(run, grids)
+    if cross:
+        out += ("\nAcross runs, paired over the same prompts (the same data split and fp32 target: every prompt's "
+                "output equal), another run's stage-02 drafter against the points of equal steps; its training ran in "
+                "another session and through stage 02, so GPU nondeterminism is inside these differences:\n"
+                + listed(cross))
     fig = f"fig-xl-scaling-{run.name}"
     if (REPO_ROOT / "figures" / "smol" / f"{fig}.png").exists():
         out += f"\n![tau against training conversations, {run.name}](../figures/smol/{fig}.png)\n"

@@ -117,6 +117,15 @@ def xl_curves(xl_dir: Path) -> dict:
     return out
 
 
+def point_train_s(p: dict) -> float | None:
+    """A drafter_scaling.py point's training seconds, or None where the file cannot say: before ``call_train_s`` was
+    recorded, a point resumed from a checkpoint that an earlier, cut call had finished recorded only the resuming
+    call's ~0 s (its training log's seconds, which a resume carries, were not read)."""
+    if "call_train_s" not in p and p["train_s"] < 1 and p["steps"] > 0:
+        return None
+    return p["train_s"]
+
+
 def xl_scaling_trained(xl_dir: Path) -> str:
     """How the curves' points were trained: "N epoch(s) a point" or, for ``drafter_scaling.py --steps``, "N optimizer
     steps a point" (several values joined by "/")."""
@@ -135,7 +144,7 @@ def xl_scaling_table(xl_dir: Path) -> pd.DataFrame:
     for src, curve in xl_curves(xl_dir).items():
         for p, _ in curve:
             rows.append({"training data": SOURCES[src], "conversations": p["conversations"], "epochs": p["epochs"],
-                         "steps": p["steps"], "train s": p["train_s"],
+                         "steps": p["steps"], "train s": point_train_s(p),
                          "tau (walked)": round(p["tau_walk"], 3) if "tau_walk" in p else None,
                          "95% CI": ci_text(p, "tau_walk_ci95") if "tau_walk" in p else None,
                          "tau estimate (block)": round(p["tau_est"], 3), "estimate CI": ci_text(p, "tau_est_ci95")})
@@ -147,48 +156,109 @@ def _label(src: str, p: dict) -> str:
 
 
 def xl_scaling_pairs(xl_dir: Path) -> list[dict]:
-    """Paired differences of the walked tau on the same held-out real prompts (a, b: each point's label): at each size
-    and number of epochs (so the same steps) both curves have, real + self-prompted minus real only (what swapping real
-    conversations for the target's own costs); then the largest real + self-prompted point minus the largest real-only
-    one (what the self-prompted conversations add on top of every real one), of those two sizes the pair closest in
-    steps."""
+    """Paired differences of the walked tau on the same held-out real prompts (a minus b; a, b: each point's label):
+    at each size and number of steps both curves have, real + self-prompted minus real only (what swapping real
+    conversations for the target's own costs); within each curve, of the points trained the same number of steps, the
+    largest minus the smallest (what more conversations add at equal training); then, where the real + self-prompted
+    curve reaches further than the real-only one, its largest point minus the largest real-only one (what the
+    self-prompted conversations add on top of every real one), of those two sizes the pair closest in steps. Each pair
+    also carries its ``kind`` (those three: "self-prompted vs real", "more data", "largest") and both points."""
     from .decode_stats import paired_bootstrap
     c = xl_curves(xl_dir)
-    real = [(p, r) for p, r in c.get("real", []) if r is not None]
-    allp = [(p, r) for p, r in c.get("all", []) if r is not None]
-    by_real = {(p["conversations"], p["epochs"]): (p, r) for p, r in real}
+    walked = {src: [(p, r) for p, r in c.get(src, []) if r is not None] for src in SOURCES}
+    real, allp = walked["real"], walked["all"]
+    by_real = {(p["conversations"], p["steps"]): (p, r) for p, r in real}
     pairs = []
     for p, r in allp:
-        q = by_real.get((p["conversations"], p["epochs"]))
+        q = by_real.get((p["conversations"], p["steps"]))
         if q is not None:
-            pairs.append({"a": _label("all", p), "b": _label("real", q[0]), **paired_bootstrap(r, q[1])})
+            pairs.append({"a": _label("all", p), "b": _label("real", q[0]), "kind": "self-prompted vs real",
+                          "a_point": p, "b_point": q[0], **paired_bootstrap(r, q[1])})
+    for src, curve in walked.items():
+        for steps in sorted({p["steps"] for p, _ in curve}):
+            same = [(p, r) for p, r in curve if p["steps"] == steps]
+            (p, r), (q, rq) = max(same, key=lambda x: x[0]["conversations"]), min(same, key=lambda x: x[0]["conversations"])
+            if p["conversations"] > q["conversations"]:
+                pairs.append({"a": _label(src, p), "b": _label(src, q), "kind": "more data", "sources": src,
+                              "a_point": p, "b_point": q, **paired_bootstrap(r, rq)})
     if real and allp:
         na, nr = max(p["conversations"] for p, _ in allp), max(p["conversations"] for p, _ in real)
-        if na != nr:
+        if na > nr:
             (p, r), (q, rq) = min(((x, y) for x in allp if x[0]["conversations"] == na
                                    for y in real if y[0]["conversations"] == nr),
                                   key=lambda xy: abs(xy[0][0]["steps"] - xy[1][0]["steps"]))
-            pairs.append({"a": _label("all", p), "b": _label("real", q), **paired_bootstrap(r, rq)})
+            pairs.append({"a": _label("all", p), "b": _label("real", q), "kind": "largest",
+                          "a_point": p, "b_point": q, **paired_bootstrap(r, rq)})
     return pairs
 
 
-def xl_scaling_plot(xl_dir: Path):
+def stage02_point(grid: Path) -> tuple[dict, list]:
+    """Another ``gpu_xl.sh`` run's stage-02 pretrained drafter as a curve point: its decoded grid on the FP target
+    (``tau-pretrain-fp.grid.json``; drafter ``pretrain``) beside that run's ``metrics-02_drafter_pretrain.json`` (steps)
+    and ``metrics-00_data.json`` (conversations: all of the run's, real + self-prompted). Returns (point, per-prompt
+    results); the point's ``run`` names the run folder."""
+    from .decode_stats import results_from_json
+    run = Path(grid).parent
+    m2, m0 = read_json(run / "metrics-02_drafter_pretrain.json"), read_json(run / "metrics-00_data.json")
+    res = results_from_json(read_json(grid)["results"]["pretrain"])
+    return {"run": run.name, "conversations": m0["n_train"], "steps": m2["train"]["steps"]}, res
+
+
+def xl_cross_run_pairs(xl_dir: Path, grids: list[Path]) -> list[dict]:
+    """Each other run's stage-02 pretrained drafter (``stage02_point``) minus every walked curve point trained the same
+    number of steps, paired on the held-out prompts: the runs must share the data split and the fp32 target, which is
+    checked through the outputs (lossless decoding gives each prompt the target's own greedy answer, so every prompt's
+    tokens must be equal; a different split or target raises). Across runs: GPU nondeterminism and the other run's code
+    path (stage 02, not drafter_scaling.py) are part of the difference."""
+    from .decode_stats import paired_bootstrap
+    pairs = []
+    for g in grids:
+        q, rq = stage02_point(g)
+        for src, curve in xl_curves(xl_dir).items():
+            for p, r in curve:
+                if r is None or p["steps"] != q["steps"]:
+                    continue
+                if len(r) != len(rq) or any(x.tokens != y.tokens for x, y in zip(r, rq)):
+                    raise ValueError(f"{g}: its prompts or target differ from {xl_dir}'s walked points "
+                                     f"(the outputs of a lossless decoder must be equal)")
+                pairs.append({"a": f"{q['run']}'s stage 02, {_label('all', q)}", "b": _label(src, p),
+                              **paired_bootstrap(rq, r)})
+    return pairs
+
+
+def xl_scaling_plot(xl_dir: Path, grids: tuple = ()):
     """The decoder's tau (walked, 95% CI over the held-out real prompts) against training conversations, real only
-    against real + self-prompted; the block-level estimates dashed."""
+    against real + self-prompted (the second curve's walked points drawn 3% to the right, so that equal sizes do not
+    hide each other); the block-level estimates dashed; hollow: another run's stage-02 drafter (``grids``,
+    ``stage02_point``) trained as many steps as a point of the curves (others are left out)."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for i, (src, curve) in enumerate(xl_curves(xl_dir).items()):
+
+    from .decode_stats import acceptance_stats
+    fig, ax = plt.subplots(figsize=(5, 3.8))
+    curves = xl_curves(xl_dir)
+    for i, (src, curve) in enumerate(curves.items()):
         pts = [p for p, _ in curve]
         x = [p["conversations"] for p in pts]
         if all("tau_walk" in p for p in pts):
             y = [p["tau_walk"] for p in pts]
             err = [[p["tau_walk"] - p["tau_walk_ci95"][0] for p in pts], [p["tau_walk_ci95"][1] - p["tau_walk"] for p in pts]]
-            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, c=f"C{i}", label=f"{SOURCES[src]} (decoder's tau, walked)")
+            ax.errorbar([v * 1.03 ** i for v in x], y, yerr=err, marker="o", capsize=3, c=f"C{i}",
+                        label=f"{SOURCES[src]} (decoder's tau, walked)")
         ax.plot(x, [p["tau_est"] for p in pts], ls="--", marker=".", c=f"C{i}", alpha=0.6,
                 label=f"{SOURCES[src]} (block estimate)")
+    steps = {p["steps"] for c in curves.values() for p, _ in c}
+    colour = f"C{list(curves).index('all') if 'all' in curves else len(curves)}"
+    for g in grids:                  # another run's stage-02 drafter at the curves' steps: a hollow point
+        q, rq = stage02_point(g)
+        if q["steps"] not in steps:
+            continue
+        st = acceptance_stats(rq)
+        ax.errorbar([q["conversations"]], [st["tau"]], yerr=[[st["tau"] - st["tau_ci95"][0]], [st["tau_ci95"][1] - st["tau"]]],
+                    marker="o", mfc="none", capsize=3, c=colour, ls="none",
+                    label=f"{q['run']}'s stage 02 (real + self-prompted, decoded)")
     ax.set_xscale("log")
-    ax.set_xlabel(f"training conversations ({xl_scaling_trained(xl_dir)}, smol-gpu-xl drafter)")
+    ax.set_xlabel(f"training conversations\n({xl_scaling_trained(xl_dir)}, smol-gpu-xl drafter)")
     ax.set_ylabel("tau (bonus token counted)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False)
     fig.tight_layout()
     return fig

@@ -52,8 +52,10 @@ def run_figures(cfg: FiguresConfig, out_dir, runs_root, cards: bool = True) -> F
                 files += save_figure(regime_curve_plot(reads), fig_dir, "fig-regime-curve", cfg.formats)
             if show == "gpu_xl_scaling" and all(p.exists() for p in reads):
                 from ..scaling import xl_scaling_plot
-                files += save_figure(xl_scaling_plot(reads[0].parent), fig_dir,
-                                     f"fig-xl-scaling-{reads[0].parent.name}", cfg.formats)
+                grids = tuple(p for p in reads if p.name.endswith(".grid.json"))
+                for run in dict.fromkeys(p.parent for p in reads if p.name.startswith("scaling-")):
+                    files += save_figure(xl_scaling_plot(run, grids), fig_dir, f"fig-xl-scaling-{run.name}",
+                                         cfg.formats)
     tables_md = "\n".join(mds)
     atomic_write_text(fig_dir / "tables.md", tables_md or "(no stage results found)\n")
     written_cards = []
