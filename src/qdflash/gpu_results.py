@@ -930,8 +930,12 @@ def regime_curve_plot(metrics_02: list[str | Path]):
                     marker=marker.get(layers, "^"), capsize=3, ms=4, c=colors[series],
                     mfc=colors[series] if whole else "none", ls="-" if whole and conv == top and len(g) > 1 else "none",
                     lw=1)
-    for (conv, x), g in t[t["conversations"] != top].groupby(["conversations", "rows seen"]):   # one label a run
-        ax.annotate(f"{conv / 1e3:.1f}K conv.", (x, g["lo"].min()), xytext=(0, -9), textcoords="offset points",
+    # one label a run, under its interval; runs at the same x (equal steps, other data sizes) stack their labels
+    labelled = t[t["conversations"] != top].groupby(["conversations", "rows seen"])["lo"].min().reset_index()
+    labelled["nth"] = labelled.sort_values("conversations").groupby("rows seen").cumcount()
+    labelled["lo"] = labelled.groupby("rows seen")["lo"].transform("min")
+    for conv, x, lo, nth in labelled[["conversations", "rows seen", "lo", "nth"]].itertuples(index=False):
+        ax.annotate(f"{conv / 1e3:.1f}K conv.", (x, lo), xytext=(0, -9 - 8 * nth), textcoords="offset points",
                     fontsize=6, ha="center")
     handles = [Line2D([], [], c=c, lw=1, label=s) for s, c in colors.items()]
     handles += [Line2D([], [], c="grey", marker=m, ls="none", label=f"{n} layers") for n, m in marker.items()
