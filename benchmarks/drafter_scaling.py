@@ -140,6 +140,7 @@ def main() -> None:
         t0 = time.time()
         name = f"{a.sources}-n{n}-" + (f"s{steps}" if steps else f"e{ep}")
         tag = name if a.sources != "all" or steps else f"n{n}-e{ep}"    # "all" by epochs: the older files' names
+        resumed = (work / f"{tag}.ckpt.pt").exists()
         log = train_drafter(d, target, rows, OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len), cfg,
                             int(ep), work / f"{tag}.ckpt.pt", work / f"{tag}.log.jsonl", tag, progress=False,
                             steps=steps)
@@ -158,9 +159,11 @@ def main() -> None:
             ev.update({"tau_walk": st["tau"], "tau_walk_ci95": st["tau_ci95"], "walk_prompts": len(prompts),
                        "walk_results": json.loads(grid.read_text())["results"][name]})
         # training seconds from the log, which carries them over a resume (a point whose checkpoint a cut call left
-        # finished trains nothing here); the wall time of this call's training beside it
+        # finished trains nothing here; None: a resumed log without them); this call's training wall time beside it
+        logged = log[-1].get("train_s") if log else None
         p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log),
-             "train_s": round(log[-1].get("train_s", train_s) if log else train_s, 1), "call_train_s": round(train_s, 1),
+             "train_s": round(logged, 1) if logged is not None else (None if resumed else round(train_s, 1)),
+             "call_train_s": round(train_s, 1),
              "self_prompted": sum(is_self_prompted(r["id"]) for r in rows),
              **({"steps_target": steps} if steps else {}),
              "response_tokens": sum(sum(r["loss_mask"]) for r in rows),

@@ -200,6 +200,8 @@ def test_the_regime_curve_reads_each_runs_grid_and_its_training():
     assert len(t.run.unique()) == len(reads)
     assert pick("run-1207-h100", "QAD", "two_stage")["stage 02 s"] == "644 wall, 2 calls"   # cut, resumed: not 223 s
     assert pick("run-1206b-h100", "FP", "pretrain")["stage 02 s"] == 190     # two failed calls first, never cut
+    f = t[t.run == "run-1207f-h100, real only"].set_index("conversations")["stage 02 s"]
+    assert f[12500] is None and f[29371] == 233      # resumed from a finished checkpoint: its seconds were not saved
     # a drafter_scaling.py sweep: a row per walked point, its tau from that point's own per-prompt results
     sc = json.loads((BENCH / "smol-gpu-xl/run-1207e-h100/scaling-real.json").read_text())["points"]
     pts = t[t.run == "run-1207e-h100, real only"].set_index("conversations")

@@ -111,10 +111,15 @@ def test_xl_figure_draws_both_curves(tmp_path):
     ys = [[round(y, 3) for y in line.get_ydata().tolist()] for line in ax.get_lines()]
     assert [1.0, 1.1] in ys and [1.0, 1.1, 1.2, 1.3] in ys
     assert "(1/2 epochs a point," in ax.get_xlabel()
-    grid = _other_run(tmp_path, [[3, 3], [3, 3], [3, 3], [3, 3]])          # another run's stage-02 drafter, tau 3.0
+    same = [[0] * n for n in (2, 4, 6, 8)]     # the first walked point's outputs: the same prompts and target
+    grid = _other_run(tmp_path, [[3, 3], [3, 3], [3, 3], [3, 3]], tokens=same)   # another run's stage 02, tau 3.0
     ax = xl_scaling_plot(run, (grid,)).axes[0]
     assert [([5000], [3.0])] == [(ln.get_xdata().tolist(), ln.get_ydata().tolist()) for ln in ax.get_lines()
                                  if ln.get_xdata().tolist() == [5000] and ln.get_marker() == "o"]   # not its caps
+    (tmp_path / "x").mkdir()
+    other = _other_run(tmp_path / "x", [[3, 3]] * 4, steps=99, tokens=same)
+    ax = xl_scaling_plot(run, (other,)).axes[0]          # trained other steps than every point: left out
+    assert not [ln for ln in ax.get_lines() if ln.get_xdata().tolist() == [5000]]
 
 
 def _other_run(tmp_path, per_prompt, steps=10, tokens=None):
@@ -149,6 +154,9 @@ def test_xl_cross_run_pairs_match_steps_and_refuse_other_prompts(tmp_path):
     a = "other-run's stage 02, real + self-prompted, 5,000 conversations, 10 steps"
     assert got == [(a, "real only, 100 conversations, 10 steps", 0.5),
                    (a, "real + self-prompted, 100 conversations, 10 steps", 0.0)]
+    from qdflash.results import _cross_run_note        # the README's clause: the range and where the intervals lie
+    assert _cross_run_note([run], [grid]).startswith("; across runs, other-run's stage 02 (5,000 conversations) at "
+                                                     "the same steps minus each point: +0.000 to +0.500, paired")
     bad = _other_run(tmp_path, [[3, 3], [3, 3], [3, 3], [3, 3]], tokens=same[:3] + [[5] * 9])
     with pytest.raises(ValueError, match="prompts or target differ"):
         xl_cross_run_pairs(run, [bad])
@@ -164,14 +172,16 @@ def test_readme_rows_come_only_from_curves_at_equal_steps(tmp_path):
         return {"conversations": n, "epochs": 1, "sources": src, "steps": 10, "train_s": 1.0, "tau_est": 2.0,
                 "tau_est_ci95": [1.9, 2.1], "tau_walk": 2.0, "tau_walk_ci95": [1.9, 2.1], "walk_prompts": 3,
                 "walk_results": res, **kw}
-    for name, extra in (("steps", {"steps_target": 10}), ("epochs", {})):
+    for name, extra, extra_all in (("steps", {"steps_target": 10}, {"steps_target": 10}), ("epochs", {}, {}),
+                                   ("mixed", {"steps_target": 10}, {})):     # mixed: one curve by epochs
         run = tmp_path / name
         run.mkdir()
         (run / "scaling-real.json").write_text(json.dumps({"points": [
             point("real", 100, [[1, 1], [2, 2], [3, 3]], **extra), point("real", 400, [[3, 3], [2, 2], [4, 4]], **extra)]}))
-        (run / "scaling-all.json").write_text(json.dumps({"points": [point("all", 100, [[2, 2], [2, 2], [2, 2]], **extra)]}))
-    rows, runs = _data_curve_rows([tmp_path / "epochs" / "scaling-real.json", tmp_path / "steps" / "scaling-real.json",
-                                   tmp_path / "steps" / "scaling-all.json"])
+        (run / "scaling-all.json").write_text(json.dumps({"points": [point("all", 100, [[2, 2], [2, 2], [2, 2]],
+                                                                           **extra_all)]}))
+    rows, runs = _data_curve_rows([tmp_path / d / f"scaling-{c}.json" for d in ("epochs", "mixed", "steps")
+                                   for c in ("real", "all")])
     assert runs == [tmp_path / "steps"]
     assert [(r[0].split(":")[0], r[2]) for r in rows] == [
         ("real + self-prompted minus real-only training conversations (100 each, 10 steps each)", "+0.000"),

@@ -884,7 +884,8 @@ def regime_curve_table(metrics_02: list[str | Path]) -> pd.DataFrame:
 
 def _scaling_rows(path: Path) -> list[dict]:
     """``regime_curve_table``'s rows for the walked points of a ``benchmarks/drafter_scaling.py`` output (the pretrained
-    drafter of each point, walked on the fp32 FP target): run ``<folder>, real only`` for a real-only sweep."""
+    drafter of each point, walked on the fp32 FP target): run ``<folder>, real only`` or ``<folder>, real +
+    self-prompted`` by the point's sources."""
     from .decode_stats import acceptance_stats, results_from_json
     from .scaling import point_train_s
     r = json.loads(path.read_text())
@@ -931,11 +932,14 @@ def regime_curve_plot(metrics_02: list[str | Path]):
                     mfc=colors[series] if whole else "none", ls="-" if whole and conv == top and len(g) > 1 else "none",
                     lw=1)
     # one label a run, under its interval; runs at the same x (equal steps, other data sizes) stack their labels
-    labelled = t[t["conversations"] != top].groupby(["conversations", "rows seen"])["lo"].min().reset_index()
-    labelled["nth"] = labelled.sort_values("conversations").groupby("rows seen").cumcount()
+    # (a real-only sweep's points say so: "real")
+    small = t[t["conversations"] != top].assign(real=t["run"].str.endswith(", real only"))
+    labelled = small.groupby(["conversations", "rows seen", "real"])["lo"].min().reset_index()
+    labelled["nth"] = labelled.sort_values(["conversations", "real"]).groupby("rows seen").cumcount()
     labelled["lo"] = labelled.groupby("rows seen")["lo"].transform("min")
-    for conv, x, lo, nth in labelled[["conversations", "rows seen", "lo", "nth"]].itertuples(index=False):
-        ax.annotate(f"{conv / 1e3:.1f}K conv.", (x, lo), xytext=(0, -9 - 8 * nth), textcoords="offset points",
+    for conv, x, real, lo, nth in labelled[["conversations", "rows seen", "real", "lo", "nth"]].itertuples(index=False):
+        ax.annotate(f"{conv / 1e3:.1f}K conv." + (" real" if real else ""), (x, lo), xytext=(0, -9 - 8 * nth),
+                    textcoords="offset points",
                     fontsize=6, ha="center")
     handles = [Line2D([], [], c=c, lw=1, label=s) for s, c in colors.items()]
     handles += [Line2D([], [], c="grey", marker=m, ls="none", label=f"{n} layers") for n, m in marker.items()

@@ -182,7 +182,8 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
                 rows += data_rows
                 notes.append("The `smol-gpu-xl` 02 data rows: the pretrained drafter on the FP target, every data "
                              "size trained the same optimizer steps, one training seed a point ("
-                             + ", ".join(f"`{rel(r)}/`" for r in data_runs) + ").")
+                             + ", ".join(f"`{rel(r)}/`" for r in data_runs) + ")"
+                             + _cross_run_note(data_runs, [p for p in reads if p.name.endswith(".grid.json")]) + ".")
         if show == "gpu_seeds" and all(p.exists() for p in reads):
             seeds = _seeds_rows(reads[0])
             if seeds:
@@ -563,6 +564,21 @@ def _data_curve_rows(reads: list[Path]) -> tuple[list[tuple], list[Path]]:
     return rows, runs
 
 
+def _cross_run_note(runs: list[Path], grids: list[Path]) -> str:
+    """The README note's clause on the other runs' stage-02 drafters at the same steps (``xl_cross_run_pairs``): the
+    range of their paired differences and where the intervals lie; empty without such pairs."""
+    from .scaling import xl_cross_run_pairs
+    pairs = [p for r in runs for p in xl_cross_run_pairs(r, grids)]
+    if not pairs:
+        return ""
+    d = [p["diff"] for p in pairs]
+    side = ("below 0" if all(p["diff_ci95"][1] < 0 for p in pairs) else
+            "above 0" if all(p["diff_ci95"][0] > 0 for p in pairs) else "not all on one side of 0")
+    others = sorted({f"{p['a_point']['run']}'s stage 02 ({p['a_point']['conversations']:,} conversations)" for p in pairs})
+    return (f"; across runs, {' and '.join(others)} at the same steps minus each point: {min(d):+.3f} to {max(d):+.3f}, "
+            f"paired, every interval {side}")
+
+
 def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
     """The data curves of issue 34 (reads: gpu_xl.sh XL_SCALING runs' ``scaling-real.json`` and/or ``scaling-all.json``,
     a part per run folder, and any other run's ``tau-pretrain-fp.grid.json``: its stage-02 drafter, paired across runs
@@ -608,9 +624,9 @@ def _gpu_xl_scaling_run(run: Path, grids: list[Path]) -> str:
     cross = xl_cross_run_pairs(run, grids)
     if cross:
         out += ("\nAcross runs, paired over the same prompts (the same data split and fp32 target: every prompt's "
-                "output equal), another run's stage-02 drafter against the points of equal steps; its training ran in "
-                "another session and through stage 02, so GPU nondeterminism is inside these differences:\n"
-                + listed(cross))
+                "output equal), another run's stage-02 drafter (decoded; the points walked, the same tau for a lossless "
+                "greedy decoder) against the points of equal steps; its training ran in another session and through "
+                "stage 02 rather than drafter_scaling.py, and these differences include both:\n" + listed(cross))
     fig = f"fig-xl-scaling-{run.name}"
     if (REPO_ROOT / "figures" / "smol" / f"{fig}.png").exists():
         out += f"\n![tau against training conversations, {run.name}](../figures/smol/{fig}.png)\n"

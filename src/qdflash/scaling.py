@@ -118,10 +118,11 @@ def xl_curves(xl_dir: Path) -> dict:
 
 
 def point_train_s(p: dict) -> float | None:
-    """A drafter_scaling.py point's training seconds, or None where the file cannot say: before ``call_train_s`` was
-    recorded, a point resumed from a checkpoint that an earlier, cut call had finished recorded only the resuming
-    call's ~0 s (its training log's seconds, which a resume carries, were not read)."""
-    if "call_train_s" not in p and p["train_s"] < 1 and p["steps"] > 0:
+    """A drafter_scaling.py point's training seconds, or None where the file cannot say: ``train_s`` None (a resumed
+    checkpoint whose log carries no seconds), or, before ``call_train_s`` was recorded, a point resumed from a
+    checkpoint that an earlier, cut call had finished (it recorded only the resuming call's ~0 s). A partly resumed
+    point of those older files (its earlier call's seconds lost) cannot be told apart and shows this call's seconds."""
+    if p.get("train_s") is None or ("call_train_s" not in p and p["train_s"] < 1 and p["steps"] > 0):
         return None
     return p["train_s"]
 
@@ -194,35 +195,53 @@ def xl_scaling_pairs(xl_dir: Path) -> list[dict]:
 
 def stage02_point(grid: Path) -> tuple[dict, list]:
     """Another ``gpu_xl.sh`` run's stage-02 pretrained drafter as a curve point: its decoded grid on the FP target
-    (``tau-pretrain-fp.grid.json``; drafter ``pretrain``) beside that run's ``metrics-02_drafter_pretrain.json`` (steps)
-    and ``metrics-00_data.json`` (conversations: all of the run's, real + self-prompted). Returns (point, per-prompt
-    results); the point's ``run`` names the run folder."""
+    (``tau-pretrain-fp.grid.json``; drafter ``pretrain``) beside that run's ``metrics-02_drafter_pretrain.json`` (steps),
+    ``metrics-00_data.json`` (conversations: all of the run's) and ``manifest-00_data.json`` (its sources: "all" where
+    the training split holds self-prompted rows, else "real"). Returns (point, per-prompt results); the point's ``run``
+    names the run folder."""
     from .decode_stats import results_from_json
     run = Path(grid).parent
     m2, m0 = read_json(run / "metrics-02_drafter_pretrain.json"), read_json(run / "metrics-00_data.json")
+    man = run / "manifest-00_data.json"
+    by_source = read_json(man).get("rows_by_source", {}).get("train", {}) if man.exists() else {}
     res = results_from_json(read_json(grid)["results"]["pretrain"])
-    return {"run": run.name, "conversations": m0["n_train"], "steps": m2["train"]["steps"]}, res
+    return {"run": run.name, "conversations": m0["n_train"], "steps": m2["train"]["steps"],
+            "sources": "all" if by_source.get("magpie") or not by_source else "real"}, res
+
+
+def _stage02_points(xl_dir: Path, grids) -> list[tuple[dict, list]]:
+    """``stage02_point`` of each grid trained as many steps as some walked point of ``xl_dir``'s curves, checked
+    against those points: the runs must share the data split and the fp32 target, which lossless decoding shows in
+    the outputs (each prompt's tokens equal to the target's own greedy answer, so equal across drafters); a grid whose
+    outputs differ (another split or target) raises."""
+    walked = [r for c in xl_curves(xl_dir).values() for _, r in c if r is not None]
+    steps = {p["steps"] for c in xl_curves(xl_dir).values() for p, r in c if r is not None}
+    out = []
+    for g in grids:
+        q, rq = stage02_point(g)
+        if q["steps"] not in steps:
+            continue
+        r = walked[0]
+        if len(r) != len(rq) or any(x.tokens != y.tokens for x, y in zip(r, rq)):
+            raise ValueError(f"{g}: its prompts or target differ from {xl_dir}'s walked points "
+                             f"(the outputs of a lossless decoder must be equal)")
+        out.append((q, rq))
+    return out
 
 
 def xl_cross_run_pairs(xl_dir: Path, grids: list[Path]) -> list[dict]:
-    """Each other run's stage-02 pretrained drafter (``stage02_point``) minus every walked curve point trained the same
-    number of steps, paired on the held-out prompts: the runs must share the data split and the fp32 target, which is
-    checked through the outputs (lossless decoding gives each prompt the target's own greedy answer, so every prompt's
-    tokens must be equal; a different split or target raises). Across runs: GPU nondeterminism and the other run's code
-    path (stage 02, not drafter_scaling.py) are part of the difference."""
+    """Each other run's stage-02 pretrained drafter (``stage02_point``, checked by ``_stage02_points``) minus every
+    walked curve point trained the same number of steps, paired on the held-out prompts (kind "cross-run", with both
+    points). Across runs: GPU nondeterminism and the other run's code path (stage 02, not drafter_scaling.py) are part
+    of the difference; its drafter was decoded, the points walked (the same tau for a lossless greedy decoder)."""
     from .decode_stats import paired_bootstrap
     pairs = []
-    for g in grids:
-        q, rq = stage02_point(g)
+    for q, rq in _stage02_points(xl_dir, grids):
         for src, curve in xl_curves(xl_dir).items():
             for p, r in curve:
-                if r is None or p["steps"] != q["steps"]:
-                    continue
-                if len(r) != len(rq) or any(x.tokens != y.tokens for x, y in zip(r, rq)):
-                    raise ValueError(f"{g}: its prompts or target differ from {xl_dir}'s walked points "
-                                     f"(the outputs of a lossless decoder must be equal)")
-                pairs.append({"a": f"{q['run']}'s stage 02, {_label('all', q)}", "b": _label(src, p),
-                              **paired_bootstrap(rq, r)})
+                if r is not None and p["steps"] == q["steps"]:
+                    pairs.append({"a": f"{q['run']}'s stage 02, {_label(q['sources'], q)}", "b": _label(src, p),
+                                  "kind": "cross-run", "a_point": q, "b_point": p, **paired_bootstrap(rq, r)})
     return pairs
 
 
@@ -246,16 +265,12 @@ def xl_scaling_plot(xl_dir: Path, grids: tuple = ()):
                         label=f"{SOURCES[src]} (decoder's tau, walked)")
         ax.plot(x, [p["tau_est"] for p in pts], ls="--", marker=".", c=f"C{i}", alpha=0.6,
                 label=f"{SOURCES[src]} (block estimate)")
-    steps = {p["steps"] for c in curves.values() for p, _ in c}
-    colour = f"C{list(curves).index('all') if 'all' in curves else len(curves)}"
-    for g in grids:                  # another run's stage-02 drafter at the curves' steps: a hollow point
-        q, rq = stage02_point(g)
-        if q["steps"] not in steps:
-            continue
+    for q, rq in _stage02_points(xl_dir, grids):   # another run's stage-02 drafter at the curves' steps: hollow
+        colour = f"C{list(curves).index(q['sources']) if q['sources'] in curves else len(curves)}"
         st = acceptance_stats(rq)
         ax.errorbar([q["conversations"]], [st["tau"]], yerr=[[st["tau"] - st["tau_ci95"][0]], [st["tau_ci95"][1] - st["tau"]]],
                     marker="o", mfc="none", capsize=3, c=colour, ls="none",
-                    label=f"{q['run']}'s stage 02 (real + self-prompted, decoded)")
+                    label=f"{q['run']}'s stage 02 ({SOURCES[q['sources']]}, decoded)")
     ax.set_xscale("log")
     ax.set_xlabel(f"training conversations\n({xl_scaling_trained(xl_dir)}, smol-gpu-xl drafter)")
     ax.set_ylabel("tau (bonus token counted)")
