@@ -11,7 +11,7 @@
 #             (nothing from stage 01 on: stage 02 and the passes on its drafter: XL_TAU, XL_SWA)]
 #             [XL_SWA=128 [XL_SWA_CTX=2048-8192] (a drafter trained with the window, walked on long real prompts)]
 #             [XL_SCALING="--sizes 12500,0 --steps 780" (the real-only and real + self-prompted data curves at equal
-#             steps; drafter_scaling.py's arguments)]
+#             steps; drafter_scaling.py's arguments) [XL_SCALING_SOURCES="all" (one curve; default "real all")]]
 #             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
 #             the preset and XL_02 unchanged)]
 #             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03, the two-stage drafter; =pretrain: after stage 01,
@@ -134,7 +134,7 @@ if done_ 00_data; then
   # XL_SCALING="--sizes 12500,0 --steps 780" (resumable: finished points are kept; at a fixed number of epochs the
   # points' steps grow with their data, run-1207e-h100)
   if [ -n "${XL_SCALING:-}" ]; then
-    for src in real all; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset $PRESET \
+    for src in ${XL_SCALING_SOURCES:-real all}; do [ -f $O/scaling-$src.done ] || { ok 120 && run scaling-$src python3 benchmarks/drafter_scaling.py --runs $R --preset $PRESET \
       --sources $src --walk 64 --new 128 --walk-grid $O/scaling.walk-grid.json --out $O/scaling-$src.json $XL_SCALING && touch $O/scaling-$src.done; }; done
   fi
   [ "${XL_UNTIL:-}" = scaling ] && END=$(date +%s)   # XL_UNTIL=scaling: stage 00 and the curves, nothing after
