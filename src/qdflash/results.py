@@ -176,7 +176,7 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
                 notes.append(f"`smol-gpu-xl` run 2: the same recipe again, stages 00-04 on one H100 in one session "
                              f"(`{rel(reads[0].parent)}/`); GPU training is not bit-reproducible, so it is a second "
                              f"run, not a second seed.")
-        if show == "gpu_xl_scaling":
+        if show == "gpu_xl_scaling" and all(p.exists() for p in reads):
             data_rows, data_runs = _data_curve_rows(reads)
             if data_rows:
                 rows += data_rows
@@ -544,7 +544,7 @@ def _data_curve_rows(reads: list[Path]) -> tuple[list[tuple], list[Path]]:
     conversations at the same steps, paired over the held-out real prompts; and the run folders they come from."""
     from .scaling import SOURCES, xl_curves, xl_scaling_pairs
     rows, runs = [], []
-    for run in dict.fromkeys(p.parent for p in reads if p.name.startswith("scaling-") and p.exists()):
+    for run in dict.fromkeys(p.parent for p in reads if p.name.startswith("scaling-")):
         if not all("steps_target" in p for c in xl_curves(run).values() for p, _ in c):
             continue
         for pr in xl_scaling_pairs(run):
