@@ -82,6 +82,10 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="DrafterConfig override k=v (json value)")
     ap.add_argument("--sources", choices=("all", "real"), default="all",
                     help="train on every stage-00 conversation, or only on those with real prompts (no magpie)")
+    ap.add_argument("--features", choices=("stage", "eager"), default="stage",
+                    help="the target's features during training: as stage 02 computes them (drafter_train.stage_features:"
+                         " the preset's compile_features / feature_cache), or eager per batch (what this script did "
+                         "before this option, e.g. run-1207f-h100)")
     ap.add_argument("--walk", type=int, default=0, help="also the decoder's tau, walked along the fp32 target's "
                     "plain greedy outputs on this many held-out real prompts (the stage grids' code, decode_grid)")
     ap.add_argument("--new", type=int, default=128, help="tokens per walked prompt")
@@ -91,9 +95,9 @@ def main() -> None:
     from qdflash.config import DrafterConfig, load_config
     from qdflash.data import load_split
     from qdflash.drafter import new_drafter
-    from qdflash.drafter_train import train_drafter
+    from qdflash.drafter_train import stage_features, train_drafter
     from qdflash.features import OnlineFeatures
-    from qdflash.models import load_model, load_tokenizer, mask_token_id
+    from qdflash.models import load_model, load_tokenizer, mask_token_id, resolve_target
     over = {k: json.loads(v) for k, v in (s.split("=", 1) for s in a.set)}
     cfg = load_config(DrafterConfig, a.preset, **over)
     data = Path(a.runs) / "00_data"
@@ -141,7 +145,9 @@ def main() -> None:
         name = f"{a.sources}-n{n}-" + (f"s{steps}" if steps else f"e{ep}")
         tag = name if a.sources != "all" or steps else f"n{n}-e{ep}"    # "all" by epochs: the older files' names
         resumed = (work / f"{tag}.ckpt.pt").exists()
-        log = train_drafter(d, target, rows, OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len), cfg,
+        feats = (stage_features(target, resolve_target(spec), rows, cfg, False) if a.features == "stage"
+                 else OnlineFeatures(target, rows, cfg.target_layer_ids, cfg.max_len))
+        log = train_drafter(d, target, rows, feats, cfg,
                             int(ep), work / f"{tag}.ckpt.pt", work / f"{tag}.log.jsonl", tag, progress=False,
                             steps=steps)
         train_s = time.time() - t0
@@ -163,7 +169,7 @@ def main() -> None:
         logged = log[-1].get("train_s") if log else None
         p = {"conversations": n, "epochs": ep, "sources": a.sources, "steps": len(log),
              "train_s": round(logged, 1) if logged is not None else (None if resumed else round(train_s, 1)),
-             "call_train_s": round(train_s, 1),
+             "call_train_s": round(train_s, 1), "features": a.features,
              "self_prompted": sum(is_self_prompted(r["id"]) for r in rows),
              **({"steps_target": steps} if steps else {}),
              "response_tokens": sum(sum(r["loss_mask"]) for r in rows),
