@@ -161,7 +161,7 @@ def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
                      + ")")
     return (f"- The whole vocabulary against the 8K one on this CPU's target (two GPU-pretrained drafters, one seed "
             f"each): fp32 tau {tau['whole']['tau']:.3f} against {tau['reduced']['tau']:.3f}, whole minus 8K "
-            f"{_paired_text(paired_bootstrap(res['whole'], res['reduced']))} paired over the same "
+            f"{paired_text(paired_bootstrap(res['whole'], res['reduced']))} paired over the same "
             f"{len(res['whole'])} prompts; drafter {ms['whole']:.1f} against {ms['reduced']:.1f} ms a step (reference "
             f"decoder, fp32). On vLLM (W4A16 drafters): " + "; ".join(parts) + ".\n")
 
@@ -181,7 +181,7 @@ def cpu_finetune_text(stage_dir: str | Path) -> str:
             f"{len(log)} steps on the CPU QAD target's own answers to {m['finetune_data'].get('rows', 'the')} training "
             f"prompts): training loss {mean(log[:10]):.2f} over the first 10 steps, {mean(log[-10:]):.2f} over the "
             f"last 10; two-stage tau {st['tau']:.3f} ({st['tau_ci95'][0]:.3f}-{st['tau_ci95'][1]:.3f}), minus the "
-            f"pretrained drafter's {_paired_text(paired_bootstrap(two, pre))}, paired over {len(g['prompts'])} prompts "
+            f"pretrained drafter's {paired_text(paired_bootstrap(two, pre))}, paired over {len(g['prompts'])} prompts "
             f"(one seed).\n")
 
 
@@ -381,7 +381,7 @@ def stage_minutes(run_dir: Path) -> tuple[dict[str, float], list[str]]:
     return {s: sum(secs[s]) / 60 for s in order if s in secs}, [s[:2] for s in stages_cut(path)]
 
 
-def _paired_text(p: dict) -> str:
+def paired_text(p: dict) -> str:
     """"+0.063 (+0.040 to +0.085)": a paired difference (``decode_stats.paired_bootstrap``) with its interval."""
     return f"{p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to {p['diff_ci95'][1]:+.3f})"
 
@@ -432,7 +432,7 @@ def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> st
         f"- Stage 02 at batch {cfg['batch_size']}, lr {cfg['lr']:g}, {tr['epochs']} epochs ({tr['steps']:,} steps, "
         f"{tr['train_s']:.0f} s, {1e3 * tr['train_s'] / tr['steps']:.0f} ms/step; one seed): the pretrained drafter "
         f"on the FP target decodes at tau {tau[('fp', 'pretrain')]['tau']:.3f} ({ci(tau[('fp', 'pretrain')]['tau_ci95'])}), "
-        f"{_paired_text(pb)} paired against `{e.name}/`'s (batch 64, 2 epochs) on the same {len(res[('fp', 'pretrain')])} "
+        f"{paired_text(pb)} paired against `{e.name}/`'s (batch 64, 2 epochs) on the same {len(res[('fp', 'pretrain')])} "
         f"held-out real prompts x {grid['fp']['max_new_tokens']} tokens.")
     two, pre = tau[("qad", "two_stage")], tau[("qad", "pretrain")]
     sp = speedup_ci95(res[("qad", "plain")], res[("qad", "two_stage")])
@@ -440,10 +440,10 @@ def gpu_xl_two_stage_summary(run_dir: str | Path, earlier_run: str | Path) -> st
         f"- Stage 03 (finetune 1 epoch on the QAD target's own answers; CUDA-graph decoder, fp32): on the QAD target "
         f"the two-stage drafter decodes at **tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, the pretrained one at "
         f"{pre['tau']:.3f} ({ci(pre['tau_ci95'])}): two-stage gain "
-        f"{_paired_text(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}, paired over prompts. On the FP "
+        f"{paired_text(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}, paired over prompts. On the FP "
         f"target: two-stage {tau[('fp', 'two_stage')]['tau']:.3f}, direct (trained on the QAD target for "
         f"{cfg['epochs'] + cfg['finetune_epochs']} epochs) {tau[('fp', 'direct')]['tau']:.3f}, two-stage - direct "
-        f"{_paired_text(paired_bootstrap(res[('fp', 'two_stage')], res[('fp', 'direct')]))}. Acceptance by draft position on "
+        f"{paired_text(paired_bootstrap(res[('fp', 'two_stage')], res[('fp', 'direct')]))}. Acceptance by draft position on "
         f"the QAD target: " + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + "; wall-clock speed-up of "
         f"speculation over plain decoding {sp[0]:.2f}-{sp[1]:.2f}x (95% CI): at this tau it does not pay on a 135M target.")
     return "\n".join(lines) + "\n"
@@ -493,11 +493,11 @@ def gpu_xl_depth_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"- Depth {L0} -> {L}, paired over the same 64 held-out real prompts x 128 tokens (same data, same recipe; "
         f"`{e.name}/`; one seed each): the pretrained drafter on the FP target tau "
         f"{tau[('fp', 'pretrain')]['tau']:.3f} ({ci(tau[('fp', 'pretrain')]['tau_ci95'])}), "
-        f"{_paired_text(paired_bootstrap(res[('fp', 'pretrain')], old[('fp', 'pretrain')]))}; the two-stage drafter on the QAD "
-        f"target {_paired_text(paired_bootstrap(res[('qad', 'two_stage')], old[('qad', 'two_stage')]))}.",
+        f"{paired_text(paired_bootstrap(res[('fp', 'pretrain')], old[('fp', 'pretrain')]))}; the two-stage drafter on the QAD "
+        f"target {paired_text(paired_bootstrap(res[('qad', 'two_stage')], old[('qad', 'two_stage')]))}.",
         f"- On the QAD target the two-stage drafter decodes at **tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, "
         f"the pretrained one {pre['tau']:.3f} ({ci(pre['tau_ci95'])}): two-stage gain "
-        f"{_paired_text(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}; acceptance by draft position "
+        f"{paired_text(paired_bootstrap(res[('qad', 'two_stage')], res[('qad', 'pretrain')]))}; acceptance by draft position "
         + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + f"; speculation over plain decoding at batch 1 "
         f"(CUDA graphs, fp32) {sp[0]:.2f}-{sp[1]:.2f}x.",
         f"- Stage 04 at this tau (paired over the same prompts): W4A16 GPTQ drafter - fp32 drafter "
@@ -572,7 +572,7 @@ def gpu_xl_steps_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"- The pretrained drafter on the FP target decodes at tau {pre['tau']:.3f} ({pre['tau_ci95'][0]:.3f}-"
         f"{pre['tau_ci95'][1]:.3f}) on the same {t['prompts']} held-out real prompts x {t['max_new_tokens']} tokens; "
         f"by source: {_tau_by_source_text(pre)}. Against `{e.name}/`'s {otr['epochs']}-epoch drafter "
-        f"({otr['steps']:,} steps; walked in its stage 03 grid, the decoder's tau): {_paired_text(pb)}, paired over "
+        f"({otr['steps']:,} steps; walked in its stage 03 grid, the decoder's tau): {paired_text(pb)}, paired over "
         f"prompts (one seed each).",
         f"- Training loss, mean of 50 steps: this run {_loss_before(log, n):.2f} at its end (step {n:,}, the learning rate "
         f"decayed to 0); the {otr['epochs']}-epoch run {_loss_before(old_log, n):.2f} at the same step (its learning rate still "
@@ -629,7 +629,7 @@ def gpu_xl_vocab_summary(run_dir: str | Path, whole_vocab_run: str | Path, whole
         f"- The pretrained drafter on the FP target decodes at tau {st['tau']:.3f} ({st['tau_ci95'][0]:.3f}-"
         f"{st['tau_ci95'][1]:.3f}) on {len(grid['prompts'])} held-out real prompts x {grid['max_new_tokens']} tokens; "
         f"by source: {_tau_by_source_text(st)}. Against the whole-vocabulary drafter of `{e.name}/` on the same prompts "
-        f"(the same data, seed and recipe; its stage 03 grid): **{_paired_text(pb)}**, paired over prompts. One training "
+        f"(the same data, seed and recipe; its stage 03 grid): **{paired_text(pb)}**, paired over prompts. One training "
         f"seed each, and GPU training is not bit-reproducible (`run-1207b-h100/` repeats `run-1207-h100/`'s recipe and "
         f"ends at another training loss), so the interval covers the prompts, not the training run."
         + (" At this tau the reduced vocabulary costs acceptance, where the CPU drafter's lower tau showed no cost "
@@ -696,14 +696,14 @@ def gpu_xl_epochs_summary(run_dir: str | Path, three_epoch_run: str | Path, two_
         f"({ci(tau['2']['tau_ci95'])}), {ep['3']['epochs']} epochs ({ep['3']['steps']:,}, `{e3.name}/`) "
         f"{tau['3']['tau']:.3f} ({ci(tau['3']['tau_ci95'])}), {ep['new']['epochs']} epochs {tau['new']['tau']:.3f} "
         f"({ci(tau['new']['tau_ci95'])}): {ep['new']['epochs']} minus {ep['3']['epochs']} "
-        f"{_paired_text(more)}, paired. Training loss, mean of the last 50 steps: "
+        f"{paired_text(more)}, paired. Training loss, mean of the last 50 steps: "
         f"{tail['2']:.2f}, {tail['3']:.2f}, {tail['new']:.2f}. "
         + (f"More steps still buy tau at {m0['n_train']:,} conversations (one seed per point)." if more["diff_ci95"][0] > 0
            else f"The paired interval of {ep['new']['epochs']} against {ep['3']['epochs']} epochs reaches 0 or below: "
                 f"no gain from the extra steps is shown (one seed per point)."),
         f"- On the QAD target the two-stage drafter decodes at **tau {st2['tau']:.3f} ({ci(st2['tau_ci95'])})** "
-        f"(the {ep['3']['epochs']}-epoch run's: {_paired_text(paired_bootstrap(two, two3))}, paired), the pretrained "
-        f"one {stq['tau']:.3f} ({ci(stq['tau_ci95'])}): two-stage gain {_paired_text(paired_bootstrap(two, preq))}, "
+        f"(the {ep['3']['epochs']}-epoch run's: {paired_text(paired_bootstrap(two, two3))}, paired), the pretrained "
+        f"one {stq['tau']:.3f} ({ci(stq['tau_ci95'])}): two-stage gain {paired_text(paired_bootstrap(two, preq))}, "
         f"paired over prompts (one seed); acceptance by draft position "
         + ", ".join(f"{a:.2f}" for a in st2["per_position"][:4]) + f"; speculation over plain decoding at batch 1 "
         f"(CUDA graphs, fp32) {sp[0]:.2f}-{sp[1]:.2f}x. Stage 03's finetune ({m3['train']['two_stage']['steps']} steps on "
@@ -802,10 +802,10 @@ def gpu_xl_repeat_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"- On the QAD target (the same {len(grids['qad']['prompts'])} held-out real prompts x "
         f"{grids['qad']['max_new_tokens']} tokens, fp32 CUDA-graph decoder) the two-stage drafter decodes at "
         f"**tau {two['tau']:.3f} ({ci(two['tau_ci95'])})**, the pretrained one {pre['tau']:.3f} "
-        f"({ci(pre['tau_ci95'])}): two-stage gain {_paired_text(gain['new'])}, paired over prompts; in `{e.name}/` "
-        f"{_paired_text(gain['old'])}. This run minus `{e.name}/`, paired: two-stage drafter "
-        f"{_paired_text(paired_bootstrap(res[('qad', 'two_stage')], was[('qad', 'two_stage')]))}, pretrained drafter on the "
-        f"FP target {_paired_text(paired_bootstrap(res[('fp', 'pretrain')], was[('fp', 'pretrain')]))}. Acceptance by draft "
+        f"({ci(pre['tau_ci95'])}): two-stage gain {paired_text(gain['new'])}, paired over prompts; in `{e.name}/` "
+        f"{paired_text(gain['old'])}. This run minus `{e.name}/`, paired: two-stage drafter "
+        f"{paired_text(paired_bootstrap(res[('qad', 'two_stage')], was[('qad', 'two_stage')]))}, pretrained drafter on the "
+        f"FP target {paired_text(paired_bootstrap(res[('fp', 'pretrain')], was[('fp', 'pretrain')]))}. Acceptance by draft "
         f"position of the two-stage drafter: " + ", ".join(f"{a:.2f}" for a in two["per_position"][:4]) + ".",
         f"- Stage 04 at this tau, paired over the same prompts (per position in the table below): W4A16 GPTQ drafter "
         f"minus fp32 {neg(q['w4a16'])}, W8A16 RTN {neg(q['w8a16'])}; disk {m4['disk_bytes']['w4a16'] / 2**20:.1f} and "
@@ -895,12 +895,12 @@ def _scaling_rows(path: Path) -> list[dict]:
     for p in r["points"]:
         if "walk_results" not in p:
             continue
-        st = acceptance_stats(results_from_json(p["walk_results"]))
+        st, train_s = acceptance_stats(results_from_json(p["walk_results"])), point_train_s(p)
         rows.append({"run": path.parent.name + {"real": ", real only", "all": ", real + self-prompted"}.get(
                          p.get("sources"), ""),
                      "conversations": p["conversations"], "layers": cfg["num_layers"], "batch": cfg["batch_size"],
                      "epochs": p["epochs"], "steps": p["steps"], "rows seen": p["steps"] * cfg["batch_size"],
-                     "stage 02 s": None if point_train_s(p) is None else round(point_train_s(p)), "draft vocab": cfg.get("draft_vocab") or "whole",
+                     "stage 02 s": None if train_s is None else round(train_s), "draft vocab": cfg.get("draft_vocab") or "whole",
                      "target": "FP", "drafter": "pretrain", "tau": round(st["tau"], 3),
                      "95% CI": f"{st['tau_ci95'][0]:.3f}–{st['tau_ci95'][1]:.3f}", "measured by": "walk",
                      "prompts x tokens": f"{len(p['walk_results'])} x {new.group(1) if new else 128}"})
@@ -987,11 +987,11 @@ def cpu_drafter_steps_summary(folder: str | Path) -> str:
         f"{row('A')}; {c['B']['epochs']} epochs{adopted} {row('B')}; lr {c['C']['lr']:g} {row('C')}.\n"
         f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: A "
         f"{t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); {c['B']['epochs']} epochs "
-        f"{t['B']['tau']:.3f}, {_paired_text(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
-        f"{t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired.\n" + ("" if "D" not in m else
+        f"{t['B']['tau']:.3f}, {paired_text(paired_bootstrap(res['B'], res['A']))} paired; lr {c['C']['lr']:g} "
+        f"{t['C']['tau']:.3f}, {paired_text(paired_bootstrap(res['C'], res['A']))} paired.\n" + ("" if "D" not in m else
         f"- {c['D']['epochs']} epochs (D, a later run on the same data, walked with A-C on the same prompts): "
         f"{row('D')}; tau {t['D']['tau']:.3f} ({t['D']['tau_ci95'][0]:.3f}-{t['D']['tau_ci95'][1]:.3f}), "
-        f"{_paired_text(paired_bootstrap(res['D'], res['B']))} over {c['B']['epochs']} epochs, paired. Each doubling "
+        f"{paired_text(paired_bootstrap(res['D'], res['B']))} over {c['B']['epochs']} epochs, paired. Each doubling "
         f"of the steps bought about half of the one before (A to B {t['B']['tau'] - t['A']['tau']:+.3f}, B to D "
         f"{t['D']['tau'] - t['B']['tau']:+.3f}) for twice the minutes, against the {1.5 - t['D']['tau']:+.2f} that a "
         f"tau of 1.5 still needs.\n"))
@@ -1013,8 +1013,8 @@ def draft_vocab_summary(folder: str | Path) -> str:
         f"conversation instead of {c['A']['num_anchors']} {tr['C']['train_s']:.0f} s.\n"
         f"- Walked tau on the FP target, {tw['prompts']} held-out prompts x {tw['max_new_tokens']} tokens: whole "
         f"vocabulary {t['A']['tau']:.3f} ({t['A']['tau_ci95'][0]:.3f}-{t['A']['tau_ci95'][1]:.3f}); reduced "
-        f"{t['B']['tau']:.3f}, {_paired_text(pb)} paired; reduced with "
-        f"{c['C']['num_anchors']} anchors {t['C']['tau']:.3f}, {_paired_text(paired_bootstrap(res['C'], res['A']))} paired. "
+        f"{t['B']['tau']:.3f}, {paired_text(pb)} paired; reduced with "
+        f"{c['C']['num_anchors']} anchors {t['C']['tau']:.3f}, {paired_text(paired_bootstrap(res['C'], res['A']))} paired. "
         + (f"The interval of the reduced vocabulary includes 0 and excludes a loss above "
            f"{-pb['diff_ci95'][0]:.3f} at this tau. "
            if pb['diff_ci95'][0] < 0 < pb['diff_ci95'][1]

@@ -591,7 +591,7 @@ def _gpu_xl_scaling(reads: list[Path], root: Path) -> str:
 
 def _gpu_xl_scaling_run(run: Path, grids: list[Path]) -> str:
     from .figures import table_markdown
-    from .gpu_results import machine_of
+    from .gpu_results import machine_of, paired_text
     from .scaling import SOURCES, xl_cross_run_pairs, xl_curves, xl_scaling_pairs, xl_scaling_table, xl_scaling_trained
     curves = xl_curves(run)
     pts = [p for c in curves.values() for p, _ in c]
@@ -613,11 +613,10 @@ def _gpu_xl_scaling_run(run: Path, grids: list[Path]) -> str:
                 f"{cfg['epochs'] * (n // cfg['batch_size']):,} in the preset's stage 02 ({cfg['epochs']} epochs of all "
                 f"{n:,} conversations at batch {cfg['batch_size']})"
                 + ("; at a fixed number of epochs steps grow with the data, so these points confound the two "
-                   "(`drafter_scaling.py --steps` holds the steps)" if by_epochs and len({p["steps"] for p in pts}) > 1
+                   "(`drafter_scaling.py --steps` holds the steps)" if by_epochs and len(steps) > 1
                    else "") + ".\n")
     def listed(pairs):
-        return "".join(f"- {p['a']} minus {p['b']}: {p['diff']:+.3f} ({p['diff_ci95'][0]:+.3f} to "
-                       f"{p['diff_ci95'][1]:+.3f})\n" for p in pairs)
+        return "".join(f"- {p['a']} minus {p['b']}: {paired_text(p)}\n" for p in pairs)
     pairs = xl_scaling_pairs(run)
     if pairs:
         out += "\nPaired over the same held-out real prompts (walked tau):\n" + listed(pairs)

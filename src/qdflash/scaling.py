@@ -214,14 +214,14 @@ def _stage02_points(xl_dir: Path, grids) -> list[tuple[dict, list]]:
     against those points: the runs must share the data split and the fp32 target, which lossless decoding shows in
     the outputs (each prompt's tokens equal to the target's own greedy answer, so equal across drafters); a grid whose
     outputs differ (another split or target) raises."""
-    walked = [r for c in xl_curves(xl_dir).values() for _, r in c if r is not None]
-    steps = {p["steps"] for c in xl_curves(xl_dir).values() for p, r in c if r is not None}
+    walked = [(p, r) for c in xl_curves(xl_dir).values() for p, r in c if r is not None]
+    steps = {p["steps"] for p, _ in walked}
     out = []
     for g in grids:
         q, rq = stage02_point(g)
         if q["steps"] not in steps:
             continue
-        r = walked[0]
+        r = walked[0][1]
         if len(r) != len(rq) or any(x.tokens != y.tokens for x, y in zip(r, rq)):
             raise ValueError(f"{g}: its prompts or target differ from {xl_dir}'s walked points "
                              f"(the outputs of a lossless decoder must be equal)")
