@@ -14,6 +14,7 @@
 #             steps; drafter_scaling.py's arguments) [XL_SCALING_SOURCES="all" (one curve; default "real all")]]
 #             [XL_V02="base lr4e3:lr=4e-3 ep5:epochs=5" (stage-02 variants on the same data, walked together; a bare NAME:
 #             the preset and XL_02 unchanged)]
+#             [XL_QAD_BACK=1 (stage 01 after stage 00, its QAD target's codes back: benchmarks/qad_back.py)]
 #             [XL_SPEED=1 (batch-1 speed on the QAD target after stage 03, the two-stage drafter; =pretrain: after stage 01,
 #             the pretrained drafter, no stage 03 needed; the drafter back in bf16)] benchmarks/gpu_xl.sh go [SECONDS]
 # Pass order: the regeneration benchmark (batch_generate_bench.py), stage 00 (magpie + fast regeneration), the
@@ -123,11 +124,21 @@ speed_pass() {
   return 0
 }
 ok() { [ $(left) -gt ${1:-60} ]; }
+# XL_QAD_BACK=1: stage 01 right after stage 00, and its QAD target's INT4 codes and scales back to the CPU machine
+# (benchmarks/qad_back.py export; ~52 MB gzipped in 14 MiB parts, only in a call whose output holds nothing else large:
+# the device tool returns at most 64 MiB a call; its marker: a call that could not send it sends it next time)
+export_qad() {
+  [ -f $O/qad-back.done ] && return 0
+  [ $(du -sm "$DEV_OUT" | cut -f1) -gt 8 ] && { echo "qad-back: deferred (this call's output is full)"; return 0; }
+  rm -rf /tmp/qad-back && python3 benchmarks/qad_back.py export $R/01_qad /tmp/qad-back && \
+    tar czf - -C /tmp qad-back | split -b 14m - "$DEV_OUT/qad-back.tgz.part" && touch $O/qad-back.done
+}
 # the regeneration benchmark only when asked (XL_BENCH="--prompts 16384 --batch 1024,2048,4096"): stage 00 reports its own
 [ -n "${XL_BENCH:-}" ] && [ ! -f $O/bench.json ] && run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json $XL_BENCH
 done_ 00_data || stage 00_data ${XL_00:-}    # XL_00="--set n_prompts=100768" (with a prompt dump made for that size)
 [ "${XL_UNTIL:-}" = 00_data ] && END=$(date +%s)   # XL_UNTIL=00_data: stage 00 alone (its regeneration figure), nothing after
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
+if [ -n "${XL_QAD_BACK:-}" ] && done_ 00_data; then done_ 01_qad || { ok 120 && stage 01_qad; }; done_ 01_qad && export_qad; fi
 if done_ 00_data; then
   [ -z "${XL_PROFILE-1}" ] || [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
   # the data curve (issue 34 item 4), real-only against real + self-prompted, tau walked on 64 held-out real prompts:
