@@ -7,7 +7,7 @@
 #             or none] [XL_GENPROF=1 (the generator's decode step by kind of kernel)] benchmarks/gpu_xl.sh setup
 #   call 3.. (carry .device/gguf.partb .device/xl_prompts.json.gz, within 30 s of the last call):
 #             QDFLASH_GIT_SHA=<commit> [XL_00="--set k=v ..." (stage 00)] [XL_02="--set k=v ..." (stages 02 and 03)] [XL_PROFILE= XL_TAU= (skip those passes)]
-#             [XL_UNTIL=00_data (stage 00 alone); =scaling (stage 00 and the XL_SCALING curves); =02_drafter_pretrain
+#             [XL_UNTIL=00_data (stage 00 alone); =01_qad (with XL_QAD_BACK: stages 00 and 01); =scaling (stage 00 and the XL_SCALING curves); =02_drafter_pretrain
 #             (nothing from stage 01 on: stage 02 and the passes on its drafter: XL_TAU, XL_SWA)]
 #             [XL_SWA=128 [XL_SWA_CTX=2048-8192] (a drafter trained with the window, walked on long real prompts)]
 #             [XL_SCALING="--sizes 12500,0 --steps 780" (the real-only and real + self-prompted data curves at equal
@@ -63,8 +63,8 @@ fi
 # PRESET, DEVICE_SH and SPEED_DEVICE are for a dry run of the go passes on the CPU (PRESET=tiny DEVICE_SH=/dev/null
 # SPEED_DEVICE=cpu, python3 = the venv's)
 PRESET=${PRESET:-smol-gpu-xl}
-case "${XL_UNTIL:-}" in ""|00_data|scaling|02_drafter_pretrain) ;;
-  *) echo "XL_UNTIL=$XL_UNTIL: expected 00_data, scaling or 02_drafter_pretrain (or unset)"; exit 2;; esac
+case "${XL_UNTIL:-}" in ""|00_data|01_qad|scaling|02_drafter_pretrain) ;;
+  *) echo "XL_UNTIL=$XL_UNTIL: expected 00_data, 01_qad, scaling or 02_drafter_pretrain (or unset)"; exit 2;; esac
 source ${DEVICE_SH:-benchmarks/device.sh}
 export QDFLASH_PROMPTS_DUMP=${XL_DUMP:-.device/xl_prompts.json.gz} QDFLASH_CACHE=/tmp/qdcache   # XL_DUMP: a dump for XL_00's size
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
@@ -139,6 +139,7 @@ done_ 00_data || stage 00_data ${XL_00:-}    # XL_00="--set n_prompts=100768" (w
 [ "${XL_UNTIL:-}" = 00_data ] && END=$(date +%s)   # XL_UNTIL=00_data: stage 00 alone (its regeneration figure), nothing after
 cp $R/00_data/manifest.json $O/manifest-00_data.json 2>/dev/null
 if [ -n "${XL_QAD_BACK:-}" ] && done_ 00_data; then done_ 01_qad || { ok 120 && stage 01_qad; }; done_ 01_qad && export_qad; fi
+[ "${XL_UNTIL:-}" = 01_qad ] && END=$(date +%s)   # XL_UNTIL=01_qad (with XL_QAD_BACK): stages 00 and 01, nothing after
 if done_ 00_data; then
   [ -z "${XL_PROFILE-1}" ] || [ -f $O/step-profile.json ] || { ok && run profile python3 benchmarks/drafter_step_profile.py --data $R/00_data --out $O/step-profile.json; }
   # the data curve (issue 34 item 4), real-only against real + self-prompted, tau walked on 64 held-out real prompts:
