@@ -74,7 +74,7 @@ def rebuild(back: Path, donor: Path, out: Path) -> Path:
     import torch
     from safetensors.torch import save_file
     from qdflash.quant import load_state, read_grid
-    from qdflash.runio import read_json, write_json
+    from qdflash.runio import provenance, read_json, write_json
     meta = read_json(back / "meta.json")
     dn = read_json(donor / "metrics.json")["names"]
     d_qad, d_twin = donor / dn["qad"], donor / dn["twin"]
@@ -114,7 +114,7 @@ def rebuild(back: Path, donor: Path, out: Path) -> Path:
         "names": {"qad": dn["qad"], "twin": dn["twin"]},
         "note": "a GPU run's QAD W4A16 target, its codes and scales brought back by benchmarks/qad_back.py into this "
                 "checkout's own QAD export of the same base model (every unquantized tensor checked equal)",
-        "donor": str(donor), "brought_back": meta, "twin_tensors_changed": changed})
+        "donor": str(donor), "brought_back": meta, "twin_tensors_changed": changed, "provenance": provenance()})
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(out)

@@ -347,4 +347,51 @@ def test_the_speed_pass_line_quotes_one_pass_and_no_rounds_that_shared_the_targe
     assert "no speed-up" in text and f"median **{t['speedup']['median']:.2f}x**" not in text
     fixed = {**t, "plain_target": "own copy", "plain_rounds_over_first_pass": 1.01}
     (tmp_path / "s.json").write_text(json.dumps({**r, "timing": {"pretrain": fixed}}))
-    assert f"median **{t['speedup']['median']:.2f}x**" in gpu_speed_pass_text(tmp_path / "s.json", "pretrain")
+    text = gpu_speed_pass_text(tmp_path / "s.json", "pretrain")
+    med = t["speedup"]["median"]
+    # fair rounds are the quoted figure: bold with their range, the single pass no longer bold, 2.0x's tau from them
+    assert f"median **{med:.2f}x ({t['speedup']['min']:.2f}-{t['speedup']['max']:.2f} over rounds)**" in text
+    assert f"**{sp['speedup']:.2f}x" not in text and f"{sp['speedup']:.2f}x ({sp['speedup_ci95'][0]:.2f}" in text
+    assert f"2.0x needs tau ~{2.0 * sp['tau'] / med:.2f} (the rounds' median" in text
+
+
+def test_the_speed_pass_line_of_run_1207g_quotes_its_rounds_and_plain_at_its_best(tmp_path):
+    """run-1207g-h100's rounds (each decoder on its own target) give the median; plain's rounds ran below its own pass,
+    so the line also gives the rounds' speculative median against plain's faster pass."""
+    from qdflash.gpu_results import gpu_xl_speed_summary
+    d = BENCH / "smol-gpu-xl/run-1207g-h100"
+    r = json.loads((d / "speed-qad-pretrain.json").read_text())
+    t, pl = r["timing"]["pretrain"], r["plain"]["fused"]
+    text = gpu_xl_speed_summary(d, BENCH / "smol-gpu-xl/run-1207d-h100")
+    assert f"median **{t['speedup']['median']:.2f}x" in text
+    best_plain = max(pl["tokens_per_s"], t["plain_tokens_per_s"]["median"])
+    assert f"speculative median is {t['spec_tokens_per_s']['median'] / best_plain:.2f}x" in text
+    assert "every KL figure equal to `run-1207d-h100/`'s" in text
+    m = json.loads((BENCH / "smol-gpu-xl/run-1207d-h100/metrics-01_qad.json").read_text())
+    m["qad_vs_gptq_kl"] = {**m["qad_vs_gptq_kl"], "ratio": 0.3}
+    (tmp_path / "metrics-01_qad.json").write_text(json.dumps(m))
+    assert "another QAD target of the same recipe" in gpu_xl_speed_summary(d, tmp_path)
+
+
+def test_the_target_comparison_on_the_cpu_pairs_prompts_and_refuses_other_ones(tmp_path):
+    """cpu_target_compare_text: the drafter's fp32 tau on the GPU run's QAD target minus on this CPU's, paired over the
+    same prompts (recomputed here from the saved grids), vLLM's tau at every k both runs timed, the commits of the
+    two vLLM runs; a stage-04 folder of other prompts is refused."""
+    from qdflash.decode_stats import paired_bootstrap, results_from_json
+    from qdflash.gpu_results import cpu_target_compare_text, paired_text
+    xl, cpu = BENCH / "cpu-regime-drafter/xl-qad-target", BENCH / "cpu-regime-drafter"
+    pairs = [(xl / "vllm-w4a16-xlgrid.json", cpu / "vllm-w4a16-xlgrid.json")]
+    text = cpu_target_compare_text(xl / "04_drafter_quant", cpu / "04_drafter_quant", pairs)
+    g = {n: json.loads((d / "04_drafter_quant/decode-04.json").read_text()) for n, d in (("xl", xl), ("cpu", cpu))}
+    diff = paired_bootstrap(*(results_from_json(g[n]["results"]["fp32"]) for n in ("xl", "cpu")))
+    assert f"GPU-run target minus CPU target {paired_text(diff)}" in text
+    v = {n: json.loads(f.read_text())["results"] for n, f in zip(("xl", "cpu"), pairs[0])}
+    assert f"{v['xl']['qad-spec-k3']['tau']:.2f} against {v['cpu']['qad-spec-k3']['tau']:.2f}" in text
+    assert "separate sessions" in text
+    import shutil
+    other = tmp_path / "04_drafter_quant"
+    shutil.copytree(xl / "04_drafter_quant", other)
+    d = json.loads((other / "decode-04.json").read_text())
+    (other / "decode-04.json").write_text(json.dumps({**d, "prompts": d["prompts"][1:] + d["prompts"][:1]}))
+    with pytest.raises(ValueError, match="decoded other prompts"):
+        cpu_target_compare_text(other, cpu / "04_drafter_quant", pairs)

@@ -128,6 +128,39 @@ def vllm_rounds_text(path: str | Path) -> str:
             + (f"; greedy outputs differing from plain in the first round: {miss}" if miss is not None else "") + ".\n")
 
 
+def _cpu_pair_compare(a_dq: str | Path, b_dq: str | Path, vllm_pairs: list[tuple[str | Path, str | Path]]) -> dict:
+    """Two stage-04 folders of ``gpu_drafter_on_cpu.py`` decoded on the same prompts (``a`` and ``b``), and their
+    ``verify_cost_k.py --rounds`` JSONs in (a, b) pairs on the same prompts: the fp32 drafters' tau, a minus b paired
+    over prompts, drafter ms per step, and per vLLM pair a Markdown clause (best k and its tau, the rounds' median
+    speed-ups and ranges, whether the ranges are apart). Raises where a pair did not run on the same prompts."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
+    dirs = {"a": Path(a_dq), "b": Path(b_dq)}
+    grids = {n: json.loads((d / "decode-04.json").read_text()) for n, d in dirs.items()}
+    if grids["a"]["prompts"] != grids["b"]["prompts"]:
+        raise ValueError(f"{a_dq} and {b_dq} decoded other prompts")
+    res = {n: results_from_json(g["results"]["fp32"]) for n, g in grids.items()}
+    tau = {n: acceptance_stats(r) for n, r in res.items()}
+    ms = {n: json.loads((d / "metrics.json").read_text())["table"]["fp32"]["drafter_ms_per_step"] for n, d in dirs.items()}
+    parts = []
+    for a_vllm, b_vllm in vllm_pairs:
+        v = {n: json.loads(Path(f).read_text()) for n, f in (("a", a_vllm), ("b", b_vllm))}
+        if v["a"]["prompt_tokens"] != v["b"]["prompt_tokens"]:
+            raise ValueError(f"{a_vllm} and {b_vllm} timed other prompts")
+        t = {n: r["timing_rounds"] for n, r in v.items()}
+        k_tau = {n: r["results"][f"qad-spec-k{t[n]['k']}"]["tau"] for n, r in v.items()}
+        n, src = vllm_prompt_set(v["a"])
+        sp = {n: t[n]["speedup"] for n in t}
+        apart = sp["a"]["max"] < sp["b"]["min"] or sp["b"]["max"] < sp["a"]["min"]
+        parts.append(f"on {n} prompts of {src}, best k "
+                     f"{t['a']['k']} (tau {k_tau['a']:.2f}) against {t['b']['k']} (tau {k_tau['b']:.2f}), "
+                     f"median speed-up over {t['a']['rounds']} rounds **{sp['a']['median']:.3f}x against "
+                     f"{sp['b']['median']:.3f}x** (ranges {sp['a']['min']:.3f}-{sp['a']['max']:.3f} and "
+                     f"{sp['b']['min']:.3f}-{sp['b']['max']:.3f}" + ("; apart" if apart else "; overlapping")
+                     + ")")
+    return {"tau": tau, "diff": paired_bootstrap(res["a"], res["b"]), "prompts": len(res["a"]), "ms": ms,
+            "vllm": parts}
+
+
 def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
                            vllm_pairs: list[tuple[str | Path, str | Path]]) -> str:
     """One Markdown line: two GPU-pretrained drafters that differ in their draft vocabulary, on the same CPU target
@@ -135,35 +168,40 @@ def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
     over prompts, their drafter ms per step in the reference decoder, then per (whole, reduced) pair of
     ``verify_cost_k.py --rounds`` JSONs on the same prompts each one's best k and its rounds' median speed-up, and
     whether the rounds' ranges are apart or overlap. Every number from the JSONs."""
-    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
-    dirs = {"whole": Path(whole_dq), "reduced": Path(reduced_dq)}
-    grids = {n: json.loads((d / "decode-04.json").read_text()) for n, d in dirs.items()}
-    if grids["whole"]["prompts"] != grids["reduced"]["prompts"]:
-        raise ValueError(f"{whole_dq} and {reduced_dq} decoded other prompts")
-    res = {n: results_from_json(g["results"]["fp32"]) for n, g in grids.items()}
-    tau = {n: acceptance_stats(r) for n, r in res.items()}
-    ms = {n: json.loads((d / "metrics.json").read_text())["table"]["fp32"]["drafter_ms_per_step"] for n, d in dirs.items()}
-    parts = []
-    for whole_vllm, reduced_vllm in vllm_pairs:
-        v = {n: json.loads(Path(f).read_text()) for n, f in (("whole", whole_vllm), ("reduced", reduced_vllm))}
-        if v["whole"]["prompt_tokens"] != v["reduced"]["prompt_tokens"]:
-            raise ValueError(f"{whole_vllm} and {reduced_vllm} timed other prompts")
-        t = {n: r["timing_rounds"] for n, r in v.items()}
-        k_tau = {n: r["results"][f"qad-spec-k{t[n]['k']}"]["tau"] for n, r in v.items()}
-        n, src = vllm_prompt_set(v["whole"])
-        sp = {n: t[n]["speedup"] for n in t}
-        apart = sp["whole"]["max"] < sp["reduced"]["min"] or sp["reduced"]["max"] < sp["whole"]["min"]
-        parts.append(f"on {n} prompts of {src}, best k "
-                     f"{t['whole']['k']} (tau {k_tau['whole']:.2f}) against {t['reduced']['k']} (tau {k_tau['reduced']:.2f}), "
-                     f"median speed-up over {t['whole']['rounds']} rounds **{sp['whole']['median']:.3f}x against "
-                     f"{sp['reduced']['median']:.3f}x** (ranges {sp['whole']['min']:.3f}-{sp['whole']['max']:.3f} and "
-                     f"{sp['reduced']['min']:.3f}-{sp['reduced']['max']:.3f}" + ("; apart" if apart else "; overlapping")
-                     + ")")
+    c = _cpu_pair_compare(whole_dq, reduced_dq, vllm_pairs)
+    tau, ms = c["tau"], c["ms"]
     return (f"- The whole vocabulary against the 8K one on this CPU's target (two GPU-pretrained drafters, one seed "
-            f"each): fp32 tau {tau['whole']['tau']:.3f} against {tau['reduced']['tau']:.3f}, whole minus 8K "
-            f"{paired_text(paired_bootstrap(res['whole'], res['reduced']))} paired over the same "
-            f"{len(res['whole'])} prompts; drafter {ms['whole']:.1f} against {ms['reduced']:.1f} ms a step (reference "
-            f"decoder, fp32). On vLLM (W4A16 drafters): " + "; ".join(parts) + ".\n")
+            f"each): fp32 tau {tau['a']['tau']:.3f} against {tau['b']['tau']:.3f}, whole minus 8K "
+            f"{paired_text(c['diff'])} paired over the same {c['prompts']} prompts; drafter {ms['a']:.1f} against "
+            f"{ms['b']:.1f} ms a step (reference decoder, fp32). On vLLM (W4A16 drafters): " + "; ".join(c["vllm"]) + ".\n")
+
+
+def cpu_target_compare_text(gpu_target_dq: str | Path, cpu_target_dq: str | Path,
+                            vllm_pairs: list[tuple[str | Path, str | Path]]) -> str:
+    """One Markdown line: one GPU-pretrained drafter on two QAD targets on this CPU, the GPU run's (brought back by
+    ``qad_back.py``) against this CPU's own (each a stage-04 folder of ``gpu_drafter_on_cpu.py`` on the same prompts):
+    the fp32 drafter's tau on each, paired over prompts (each target against its own plain outputs), then per
+    (GPU target, CPU target) pair of ``verify_cost_k.py --rounds`` JSONs the best k and the rounds' median speed-up."""
+    c = _cpu_pair_compare(gpu_target_dq, cpu_target_dq, vllm_pairs)
+    tau = c["tau"]
+    runs = [tuple(str(read_json(f)["git_sha"])[:7] for f in pair) for pair in vllm_pairs]
+    when = "; ".join(f"commits {a} and {b}" + (" (separate runs, not interleaved)" if a == b else
+                                                " (separate sessions: the speed-ups are each a ratio within its run)")
+                     for a, b in runs)
+    return (f"- The GPU run's QAD target against this CPU's, the same drafter: fp32 tau "
+            f"{tau['a']['tau']:.3f} against {tau['b']['tau']:.3f}, GPU-run target minus CPU target "
+            f"{paired_text(c['diff'])} paired over the same {c['prompts']} prompts (each against its own target's "
+            f"greedy answer). On vLLM (the W4A16 drafter, each target's own plain decoding as the baseline; {when}): "
+            + "; ".join(f"{part}; vLLM's tau at k = {', '.join(ks)}: " + ", ".join(f"{x} against {y}" for x, y in taus)
+                        for part, (ks, taus) in zip(c["vllm"], (_tau_by_k(*pair) for pair in vllm_pairs))) + ".\n")
+
+
+def _tau_by_k(a_vllm: str | Path, b_vllm: str | Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """The k values two ``verify_cost_k.py`` JSONs both ran and each one's vLLM tau at them, formatted."""
+    a, b = (read_json(f)["results"] for f in (a_vllm, b_vllm))
+    ks = sorted({int(k.rsplit("k", 1)[1]) for k in a if k.startswith("qad-spec-k")}
+                & {int(k.rsplit("k", 1)[1]) for k in b if k.startswith("qad-spec-k")})
+    return [str(k) for k in ks], [(f"{a[f'qad-spec-k{k}']['tau']:.2f}", f"{b[f'qad-spec-k{k}']['tau']:.2f}") for k in ks]
 
 
 def cpu_finetune_text(stage_dir: str | Path) -> str:
@@ -723,6 +761,10 @@ def gpu_speed_pass_text(path: str | Path, drafter: str, label: str | None = None
     pl, sp = r["plain"][mode], r["speculative"][drafter][mode]
     lo, hi = sp["speedup_ci95"]
     vs = sp["vs_plain"]
+    t = (r.get("timing") or {}).get(drafter)
+    fair = bool(t) and t.get("plain_target") == "own copy"     # rounds on warmed decoders: the figure to quote
+    quoted = t["speedup"]["median"] if fair else sp["speedup"]
+    bold = (lambda x: x) if fair else (lambda x: f"**{x}**")     # noqa: E731
     gaps = [x["top1_top2_logit_gap"] for x in vs["divergences"]]
     text = (f"- Batch-1 speed ({r['device']}, {r['dtype']}, `{mode}` decoder: CUDA graphs"
             + (", draft, verify and the target's argmax in one graph a step" if mode == "fused" else "")
@@ -731,22 +773,26 @@ def gpu_speed_pass_text(path: str | Path, drafter: str, label: str | None = None
             f"step, {100 * pl['fraction_of_floor']:.1f}% of the weight-bandwidth floor; the uncompiled decoder launches "
             f"{r['plain']['kernels_per_step']['fast']:,.0f} kernels a step), speculative {sp['tokens_per_s']:.0f} tok/s "
             f"at tau {sp['tau']:.3f} ({sp['tau_ci95'][0]:.3f}-{sp['tau_ci95'][1]:.3f}; {sp['step_ms']:.2f} ms a step): "
-            f"**{sp['speedup']:.2f}x ({lo:.2f}-{hi:.2f} over prompts), one timed pass**; at these step costs 2.0x "
-            f"needs tau ~{2.0 * sp['tau'] / sp['speedup']:.2f} (the speed-up scaled with tau). "
+            + bold(f"{sp['speedup']:.2f}x ({lo:.2f}-{hi:.2f} over prompts), one timed pass")
+            + f"; at these step costs 2.0x needs tau ~{2.0 * sp['tau'] / quoted:.2f} (the "
+            + ("rounds' median " if fair else "") + "speed-up scaled with tau). "
             f"{vs['mismatched_outputs']} of {vs['of']} outputs "
             f"differ from plain greedy in {r['dtype']}"
             + ((f", each first at a top-1/top-2 logit gap <= {max(gaps):.3f} (near-ties)" if len(gaps) == vs["mismatched_outputs"]
                 else f"; the first {len(gaps)} recorded first differ at top-1/top-2 logit gaps <= {max(gaps):.3f} (near-ties)")
                if gaps else "") + ".")
-    t = (r.get("timing") or {}).get(drafter)
     if not t:
         return text + "\n"
     rounds = ", ".join(f"{x:.2f}" for x in t["speedup_per_round"])
     ps, ss = t["plain_tokens_per_s"], t["spec_tokens_per_s"]
-    if t.get("plain_target") == "own copy":
-        text += (f" Then {t['rounds']} alternating rounds: median **{t['speedup']['median']:.2f}x** (rounds: {rounds}; "
-                 f"plain {ps['median']:.0f} tok/s, {t['plain_rounds_over_first_pass']:.2f}x its own pass; speculative "
-                 f"{ss['median']:.0f}).")
+    if fair:
+        text += (f" Then {t['rounds']} alternating rounds on the warmed-up decoders, each on its own copy of the target: "
+                 f"median **{t['speedup']['median']:.2f}x ({t['speedup']['min']:.2f}-{t['speedup']['max']:.2f} over "
+                 f"rounds)** (rounds: {rounds}; plain {ps['median']:.0f} tok/s ({ps['min']:.0f}-{ps['max']:.0f}), "
+                 f"{t['plain_rounds_over_first_pass']:.2f}x its own pass; speculative {ss['median']:.0f} "
+                 f"({ss['min']:.0f}-{ss['max']:.0f}), {ss['median'] / sp['tokens_per_s']:.2f}x its own pass). Against "
+                 f"the faster of plain's passes (its own, {pl['tokens_per_s']:.0f} tok/s) the rounds' speculative median "
+                 f"is {ss['median'] / max(pl['tokens_per_s'], ps['median']):.2f}x.")
     else:
         text += (f" The {t['rounds']} alternating rounds that followed are no speed-up: their plain decoder ran on the "
                  f"drafter decoder's target while its feature-capture hooks were on it (most likely its compiled step "
@@ -755,6 +801,31 @@ def gpu_speed_pass_text(path: str | Path, drafter: str, label: str | None = None
                  f"tok/s ({ss['min']:.0f}-{ss['max']:.0f}), {ss['median'] / pl['tokens_per_s']:.2f}x plain's own "
                  f"pass. `gpu_fast_decode.py` now gives the rounds' plain decoder its own copy of the target.")
     return text + "\n"
+
+
+def gpu_xl_speed_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
+    """Markdown lines for a ``smol-gpu-xl`` run of stages 00 and 01 and the batch-1 speed pass with a drafter of
+    ``earlier_run`` (``gpu_xl.sh go`` with ``XL_UNTIL=01_qad``, then ``gpu_fast_decode.py --rounds``): stage 00's
+    regeneration, whether stage 01 reproduced ``earlier_run``'s QAD target (every held-out KL figure equal), and the
+    speed pass (``gpu_speed_pass_text``). Every number read from its JSON."""
+    d, e = Path(run_dir), Path(earlier_run)
+    m0, m1, was = read_json(d / "metrics-00_data.json"), read_json(d / "metrics-01_qad.json"), read_json(e / "metrics-01_qad.json")
+    ok, _ = stage_minutes(d)
+    kl, kl_was = m1["qad_vs_gptq_kl"], was["qad_vs_gptq_kl"]
+    same = kl == kl_was and m1["final_train_kl"] == was["final_train_kl"]
+    g = m0["regeneration"]
+    lines = [
+        f"- One {_gpu_of(d)}, commit {m0['git_sha'][:7]}: stage 00 in {ok['00_data']:.1f} minutes (regeneration "
+        f"{g['output_tokens']:,} tokens at {g['output_tokens_per_s'] / 1e3:.1f}K output tok/s), stage 01 in "
+        f"{ok['01_qad']:.1f}: held-out KL {kl['ratio']:.3f}x GPTQ's ({kl['ratio_ci95'][0]:.3f}-{kl['ratio_ci95'][1]:.3f}), "
+        + (f"every KL figure equal to `{e.name}/`'s: stage 01 reproduced that run's QAD target on this GPU, so the "
+           f"drafters of `{e.name}/` are measured on the target they were trained beside."
+           if same else f"not equal to `{e.name}/`'s ({kl_was['ratio']:.3f}x): another QAD target of the same recipe."),
+    ]
+    speed = d / "speed-qad-pretrain.json"
+    lines.append(gpu_speed_pass_text(speed, "pretrain", f"`{e.name}/`'s pretrained drafter (stage 02's, back in "
+                                     "bf16)").rstrip("\n"))
+    return "\n".join(lines) + "\n"
 
 
 def gpu_xl_repeat_summary(run_dir: str | Path, earlier_run: str | Path) -> str:

@@ -464,6 +464,14 @@ def _gpu_xl_vocab(reads: list[Path], root: Path) -> str:
             + gpu_xl_vocab_summary(run, whole, timing))
 
 
+def _gpu_xl_speed(reads: list[Path], root: Path) -> str:
+    """Stages 00-01 and the batch-1 speed pass in fair rounds (reads: its ``speed-qad-pretrain.json``, then the
+    metrics-01_qad.json of the run whose drafter it timed)."""
+    from .gpu_results import gpu_xl_speed_summary
+    run, earlier = (r.parent for r in reads)
+    return (f"\n`smol-gpu-xl`: batch-1 speed in fair rounds (`{rel(run)}/`):\n\n" + gpu_xl_speed_summary(run, earlier))
+
+
 def _gpu_xl_repeat(reads: list[Path], root: Path) -> str:
     """A second run of the preset's recipe, stages 00-04 and the speed pass (reads: its ``decode-qad.json``, then the
     earlier run's): the summary lines, then stage 04's per-position differences at the regime tau."""
@@ -478,7 +486,8 @@ def _gpu_xl_repeat(reads: list[Path], root: Path) -> str:
                                         "over the same prompts (95% CI; one training seed)", LEVEL) if not qp.empty else "")
 
 
-def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime drafter on this CPU") -> str:
+def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime drafter on this CPU",
+                        target: str = "the CPU `smol` QAD W4A16 target") -> str:
     """A GPU-trained regime drafter on this CPU (reads: the GPU run's stage-02 metrics, the CPU stage-04 metrics.json,
     then verify_cost_k.py JSONs and stage-03 folders of gpu_drafter_on_cpu.py --finetune): stage 04's table, the
     finetunes' lines and per-position differences, then per vLLM run its table of k and its timed rounds."""
@@ -492,7 +501,7 @@ def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime 
     m = read_json(reads[1])
     out = (f"\n{title} (`{rel(dq.parent)}/`, README there):\n\n"
            + table_markdown(drafter_quant_table(dq)[keep], f"Stage 04 on this CPU for the GPU-trained drafter of "
-                            f"`{rel(gpu_run)}/`: the CPU `smol` QAD W4A16 target, reference decoder, greedy, fp32, "
+                            f"`{rel(gpu_run)}/`: {target}, reference decoder, greedy, fp32, "
                             f"{m['eval_prompts']} held-out prompts x {m['eval_new_tokens']} tokens, one run (fp32: the "
                             f"drafter as it came back in bf16, decoded in fp32; p0-p3: acceptance at draft positions "
                             f"1-4)", LEVEL))
@@ -524,6 +533,18 @@ def _regime_drafter_cpu_vocab(reads: list[Path], root: Path) -> str:
     whole, reduced, reduced_vllm = reads[:-3], reads[-3], reads[-2:]
     return (_regime_drafter_cpu(whole, root, "The whole-vocabulary regime drafter on this CPU") + "\n"
             + cpu_vocab_compare_text(whole[1].parent, reduced.parent, list(zip(whole[2:4], reduced_vllm))))
+
+
+def _regime_drafter_cpu_xlqad(reads: list[Path], root: Path) -> str:
+    """The regime drafter on the GPU run's own QAD target, on this CPU (reads: as for ``_regime_drafter_cpu`` with the
+    GPU target's stage-04 metrics.json and its vLLM JSON(s); last the CPU target's stage-04 metrics.json and its vLLM
+    JSON(s) on the same prompts, in the same order): that section, then the two targets side by side."""
+    from .gpu_results import cpu_target_compare_text
+    k = (len(reads) - 1) // 2
+    gpu, cpu_dq, cpu_vllm = reads[: k + 1], reads[k + 1], reads[k + 2:]
+    return (_regime_drafter_cpu(gpu, root, "The regime drafter on the GPU run's QAD target, on this CPU",
+                                "the GPU run's QAD W4A16 target (`qad_back.py`)") + "\n"
+            + cpu_target_compare_text(gpu[1].parent, cpu_dq.parent, list(zip(gpu[2:], cpu_vllm))))
 
 
 def _regime_curve(reads: list[Path], root: Path) -> str:
@@ -727,9 +748,11 @@ SECTIONS = {
     "gpu_xl_epochs": _gpu_xl_epochs,
     "gpu_xl_vocab": _gpu_xl_vocab,
     "gpu_xl_repeat": _gpu_xl_repeat,
+    "gpu_xl_speed": _gpu_xl_speed,
     "regime_curve": _regime_curve,
     "regime_drafter_cpu": _regime_drafter_cpu,
     "regime_drafter_cpu_vocab": _regime_drafter_cpu_vocab,
+    "regime_drafter_cpu_xlqad": _regime_drafter_cpu_xlqad,
     "draft_vocab": _draft_vocab,
     "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
