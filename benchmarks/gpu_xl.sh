@@ -65,6 +65,7 @@ fi
 PRESET=${PRESET:-smol-gpu-xl}
 case "${XL_UNTIL:-}" in ""|00_data|01_qad|scaling|02_drafter_pretrain) ;;
   *) echo "XL_UNTIL=$XL_UNTIL: expected 00_data, 01_qad, scaling or 02_drafter_pretrain (or unset)"; exit 2;; esac
+[ "${XL_UNTIL:-}" = 01_qad ] && [ -z "${XL_QAD_BACK:-}" ] && { echo "XL_UNTIL=01_qad runs stage 01 only with XL_QAD_BACK=1"; exit 2; }
 source ${DEVICE_SH:-benchmarks/device.sh}
 export QDFLASH_PROMPTS_DUMP=${XL_DUMP:-.device/xl_prompts.json.gz} QDFLASH_CACHE=/tmp/qdcache   # XL_DUMP: a dump for XL_00's size
 left() { local l=$(( END - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
@@ -108,8 +109,9 @@ variant_02() {
 export_bf16() {  # NAME DRAFTER: the drafter in bf16 parts under $DEV_OUT, once (its marker)
   local name=$1 drafter=$2
   if [ ! -f $O/bf16-$name.done ]; then
-    timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) && \
-      tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part" && touch $O/bf16-$name.done
+    timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) || return 0
+    tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
+    [ "${PIPESTATUS[0]}${PIPESTATUS[1]}" = 00 ] && touch $O/bf16-$name.done || rm -f "$DEV_OUT"/drafter-bf16.tgz.part*
   fi
 }
 speed_pass() {
@@ -130,8 +132,9 @@ ok() { [ $(left) -gt ${1:-60} ]; }
 export_qad() {
   [ -f $O/qad-back.done ] && return 0
   [ $(du -sm "$DEV_OUT" | cut -f1) -gt 8 ] && { echo "qad-back: deferred (this call's output is full)"; return 0; }
-  rm -rf /tmp/qad-back && python3 benchmarks/qad_back.py export $R/01_qad /tmp/qad-back && \
-    tar czf - -C /tmp qad-back | split -b 14m - "$DEV_OUT/qad-back.tgz.part" && touch $O/qad-back.done
+  rm -rf /tmp/qad-back "$DEV_OUT"/qad-back.tgz.part* && python3 benchmarks/qad_back.py export $R/01_qad /tmp/qad-back || return 0
+  tar czf - -C /tmp qad-back | split -b 14m - "$DEV_OUT/qad-back.tgz.part"
+  [ "${PIPESTATUS[0]}${PIPESTATUS[1]}" = 00 ] && touch $O/qad-back.done || rm -f "$DEV_OUT"/qad-back.tgz.part*
 }
 # the regeneration benchmark only when asked (XL_BENCH="--prompts 16384 --batch 1024,2048,4096"): stage 00 reports its own
 [ -n "${XL_BENCH:-}" ] && [ ! -f $O/bench.json ] && run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json $XL_BENCH
