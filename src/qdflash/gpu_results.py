@@ -820,8 +820,8 @@ def gpu_xl_speed_summary(run_dir: str | Path, earlier_run: str | Path) -> str:
         f"{g['output_tokens']:,} tokens at {g['output_tokens_per_s'] / 1e3:.1f}K output tok/s), stage 01 in "
         f"{ok['01_qad']:.1f}: held-out KL {kl['ratio']:.3f}x GPTQ's ({kl['ratio_ci95'][0]:.3f}-{kl['ratio_ci95'][1]:.3f}), "
         + (f"its metrics equal to `{e.name}/`'s in every figure but the timings (KL curves, codes changed, "
-           f"per-conversation KL): stage 01 reproduced that run's QAD target on this GPU, so the drafters of "
-           f"`{e.name}/` are measured on the target they were trained beside."
+           f"per-conversation KL; the weights not compared): as far as these show, stage 01 reproduced that run's QAD "
+           f"target on this GPU, the target `{e.name}/`'s drafters were trained beside."
            if same else f"not equal to `{e.name}/`'s ({kl_was['ratio']:.3f}x): another QAD target of the same recipe."),
     ]
     speed = d / "speed-qad-pretrain.json"
