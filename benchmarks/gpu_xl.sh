@@ -106,12 +106,17 @@ variant_02() {
 # the next call). Then the target's dense bf16 twin, CUDA graphs, 32 held-out prompts x 128 tokens, no eager rows:
 # unfused and fused (one graph a step) decoders in one run, then plain against the drafter in 5 alternating rounds on
 # the fused pair (XL_SPEED_MODES=fused: the fused decoders alone, ~1.5 min less). speed_pass NAME DRAFTER
+# send_parts DIR MARKER: /tmp/DIR gzipped into 14 MiB parts under $DEV_OUT (DIR.tgz.part*), MARKER touched only when
+# tar and split both succeeded (else the parts are removed and the next call sends them again)
+send_parts() {
+  tar czf - -C /tmp $1 | split -b 14m - "$DEV_OUT/$1.tgz.part"
+  [ "${PIPESTATUS[0]}${PIPESTATUS[1]}" = 00 ] && touch $2 || rm -f "$DEV_OUT"/$1.tgz.part*
+}
 export_bf16() {  # NAME DRAFTER: the drafter in bf16 parts under $DEV_OUT, once (its marker)
   local name=$1 drafter=$2
   if [ ! -f $O/bf16-$name.done ]; then
     timeout $(left) python3 benchmarks/drafter_bf16.py $drafter /tmp/drafter-bf16/$(basename $drafter) || return 0
-    tar czf - -C /tmp drafter-bf16 | split -b 14m - "$DEV_OUT/drafter-bf16.tgz.part"
-    [ "${PIPESTATUS[0]}${PIPESTATUS[1]}" = 00 ] && touch $O/bf16-$name.done || rm -f "$DEV_OUT"/drafter-bf16.tgz.part*
+    send_parts drafter-bf16 $O/bf16-$name.done
   fi
 }
 speed_pass() {
@@ -133,8 +138,7 @@ export_qad() {
   [ -f $O/qad-back.done ] && return 0
   [ $(du -sm "$DEV_OUT" | cut -f1) -gt 8 ] && { echo "qad-back: deferred (this call's output is full)"; return 0; }
   rm -rf /tmp/qad-back "$DEV_OUT"/qad-back.tgz.part* && python3 benchmarks/qad_back.py export $R/01_qad /tmp/qad-back || return 0
-  tar czf - -C /tmp qad-back | split -b 14m - "$DEV_OUT/qad-back.tgz.part"
-  [ "${PIPESTATUS[0]}${PIPESTATUS[1]}" = 00 ] && touch $O/qad-back.done || rm -f "$DEV_OUT"/qad-back.tgz.part*
+  send_parts qad-back $O/qad-back.done
 }
 # the regeneration benchmark only when asked (XL_BENCH="--prompts 16384 --batch 1024,2048,4096"): stage 00 reports its own
 [ -n "${XL_BENCH:-}" ] && [ ! -f $O/bench.json ] && run bench python3 benchmarks/batch_generate_bench.py --out $O/bench.json $XL_BENCH

@@ -141,9 +141,10 @@ def _cpu_pair_compare(a_dq: str | Path, b_dq: str | Path, vllm_pairs: list[tuple
     res = {n: results_from_json(g["results"]["fp32"]) for n, g in grids.items()}
     tau = {n: acceptance_stats(r) for n, r in res.items()}
     ms = {n: json.loads((d / "metrics.json").read_text())["table"]["fp32"]["drafter_ms_per_step"] for n, d in dirs.items()}
-    parts = []
+    parts, runs = [], []
     for a_vllm, b_vllm in vllm_pairs:
         v = {n: json.loads(Path(f).read_text()) for n, f in (("a", a_vllm), ("b", b_vllm))}
+        runs.append(v)
         if v["a"]["prompt_tokens"] != v["b"]["prompt_tokens"]:
             raise ValueError(f"{a_vllm} and {b_vllm} timed other prompts")
         t = {n: r["timing_rounds"] for n, r in v.items()}
@@ -158,7 +159,7 @@ def _cpu_pair_compare(a_dq: str | Path, b_dq: str | Path, vllm_pairs: list[tuple
                      f"{sp['b']['min']:.3f}-{sp['b']['max']:.3f}" + ("; apart" if apart else "; overlapping")
                      + ")")
     return {"tau": tau, "diff": paired_bootstrap(res["a"], res["b"]), "prompts": len(res["a"]), "ms": ms,
-            "vllm": parts}
+            "vllm": parts, "vllm_runs": runs}
 
 
 def cpu_vocab_compare_text(whole_dq: str | Path, reduced_dq: str | Path,
@@ -184,20 +185,20 @@ def cpu_target_compare_text(gpu_target_dq: str | Path, cpu_target_dq: str | Path
     (GPU target, CPU target) pair of ``verify_cost_k.py --rounds`` JSONs the best k and the rounds' median speed-up."""
     c = _cpu_pair_compare(gpu_target_dq, cpu_target_dq, vllm_pairs)
     tau = c["tau"]
-    runs = [tuple(str(read_json(f)["git_sha"])[:7] for f in pair) for pair in vllm_pairs]
-    when = "; ".join(f"commits {a} and {b}: separate runs, not interleaved, each speed-up a ratio within its run"
-                     for a, b in runs)
+    when = "; ".join(f"commits {str(v['a']['git_sha'])[:7]} and {str(v['b']['git_sha'])[:7]}: separate runs, not "
+                     f"interleaved, each speed-up a ratio within its run" for v in c["vllm_runs"])
     return (f"- The GPU run's QAD target against this CPU's, the same drafter: fp32 tau "
             f"{tau['a']['tau']:.3f} against {tau['b']['tau']:.3f}, GPU-run target minus CPU target "
             f"{paired_text(c['diff'])} paired over the same {c['prompts']} prompts (each against its own target's "
             f"greedy answer). On vLLM (the W4A16 drafter, each target's own plain decoding as the baseline; {when}): "
             + "; ".join(f"{part}; vLLM's tau at k = {', '.join(ks)}: " + ", ".join(f"{x} against {y}" for x, y in taus)
-                        for part, (ks, taus) in zip(c["vllm"], (_tau_by_k(*pair) for pair in vllm_pairs))) + ".\n")
+                        for part, (ks, taus) in zip(c["vllm"], (_tau_by_k(v["a"], v["b"]) for v in c["vllm_runs"])))
+            + ".\n")
 
 
-def _tau_by_k(a_vllm: str | Path, b_vllm: str | Path) -> tuple[list[str], list[tuple[str, str]]]:
-    """The k values two ``verify_cost_k.py`` JSONs both ran and each one's vLLM tau at them, formatted."""
-    a, b = (read_json(f)["results"] for f in (a_vllm, b_vllm))
+def _tau_by_k(a_run: dict, b_run: dict) -> tuple[list[str], list[tuple[str, str]]]:
+    """The k values two ``verify_cost_k.py`` results both ran and each one's vLLM tau at them, formatted."""
+    a, b = a_run["results"], b_run["results"]
     ks = sorted({int(k.rsplit("k", 1)[1]) for k in a if k.startswith("qad-spec-k")}
                 & {int(k.rsplit("k", 1)[1]) for k in b if k.startswith("qad-spec-k")})
     return [str(k) for k in ks], [(f"{a[f'qad-spec-k{k}']['tau']:.2f}", f"{b[f'qad-spec-k{k}']['tau']:.2f}") for k in ks]
