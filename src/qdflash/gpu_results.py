@@ -1103,7 +1103,7 @@ def seeds_summary(run_dir: str | Path) -> dict:
     """The paper's two comparisons over training seeds (``benchmarks/gpu_seeds.sh``, whose outputs ``run_dir`` holds):
     QAD against GPTQ (held-out KL ratio; stage 01 once per seed, ``metrics-q<s>-01_qad.json``) and the two-stage
     drafter against the direct one on the QAD target (tau difference; stage 03 once per seed,
-    ``s<s>-03_drafter_finetune-decode-qad.json``). Each: the mean over seeds with a 95% interval over seeds and items
+    ``s<s>-03_drafter_finetune-decode-qad.json``), and against its own pretrained start on the same target. Each: the mean over seeds with a 95% interval over seeds and items
     (``decode_stats.seeds_and_items_bootstrap``) and every seed's own value. Seeds whose files are missing are left
     out and named."""
     from .decode_stats import results_from_json, seeds_and_items_bootstrap
@@ -1126,9 +1126,11 @@ def seeds_summary(run_dir: str | Path) -> dict:
         seeds = sorted(dec)
         arr = lambda k, f: [[f(r) for r in dec[s][k]] for s in seeds]                # noqa: E731
         acc, steps = (lambda r: sum(r.accept_lengths)), (lambda r: len(r.accept_lengths))
-        out["two_stage_minus_direct_tau"] = {
-            **seeds_and_items_bootstrap(arr("two_stage", acc), arr("two_stage", steps), arr("direct", acc),
-                                        arr("direct", steps)), "seed_ids": seeds, "unit": "held-out prompt"}
+        for other in ("direct", "pretrain"):     # the paper's ablation, and what the finetune adds to its start
+            if all(other in dec[s] for s in seeds):
+                out[f"two_stage_minus_{other}_tau"] = {
+                    **seeds_and_items_bootstrap(arr("two_stage", acc), arr("two_stage", steps), arr(other, acc),
+                                                arr(other, steps)), "seed_ids": seeds, "unit": "held-out prompt"}
     return out
 
 
@@ -1156,6 +1158,50 @@ def seeds_table(run_dir: str | Path, summary: dict | None = None) -> pd.DataFram
                      "QAD / GPTQ": f"{s['estimate']:.3f} (mean)",       # text: tabulate would print 0.270 as 0.27
                      "95% CI": f"{lo:.3f}–{hi:.3f} (seeds, then conv.; sd over seeds {s['seed_sd']:.4f})",
                      "QAD steps": ""})
+    return pd.DataFrame(rows).set_index("seed") if rows else pd.DataFrame()
+
+
+def seeds_drafter_table(run_dir: str | Path, summary: dict | None = None) -> pd.DataFrame:
+    """The two-stage drafter against the direct one on the QAD target per training seed (``benchmarks/gpu_seeds.sh``'s
+    ``s<s>-03_drafter_finetune-decode-qad.json`` and the seed's stage 02/03 metrics): the pretrain drafter's optimizer
+    steps and final training loss, each drafter's tau on the same held-out prompts with its interval over them, the
+    two paired differences (two-stage minus direct, two-stage minus pretrain), and the pooled row: the mean over seeds
+    with its interval over seeds and prompts (``summary``: the run's ``seeds_summary``, computed here when not given)."""
+    from .decode_stats import acceptance_stats, paired_bootstrap, results_from_json
+    d = Path(run_dir)
+    rows = []
+    for p in sorted(d.glob("s*-03_drafter_finetune-decode-qad.json")):
+        seed = p.name[1:].split("-")[0]
+        res = {k: results_from_json(v) for k, v in read_json(p)["results"].items()}
+        if "two_stage" not in res or "direct" not in res:
+            continue
+        pre = read_json(d / f"metrics-s{seed}-02_drafter_pretrain.json")["train"]
+        ft = read_json(d / f"metrics-s{seed}-03_drafter_finetune.json")["train"]
+        row = {"seed": seed, "pretrain steps": pre["steps"], "pretrain final loss": f"{pre['final_loss']:.2f}",
+               "direct steps": ft["direct"]["steps"]}
+        for k in ("pretrain", "two_stage", "direct"):
+            if k in res:
+                st = acceptance_stats(res[k])
+                lo, hi = st["tau_ci95"]
+                row[f"tau {k.replace('_', '-')}"] = f"{st['tau']:.3f} ({lo:.3f}–{hi:.3f})"
+        for k in ("direct", "pretrain"):
+            if k in res:
+                b = paired_bootstrap(res["two_stage"], res[k])
+                lo, hi = b["diff_ci95"]
+                row[f"two-stage - {k}"] = f"{b['diff']:+.3f} ({lo:+.3f}–{hi:+.3f})"
+        rows.append(row)
+    sm = summary if summary is not None else seeds_summary(d)
+    if rows and sm.get("two_stage_minus_direct_tau"):
+        pooled = {**{k: "" for k in rows[0]}, "seed": f"mean of {sm['two_stage_minus_direct_tau']['seeds']}"}
+        for other in ("direct", "pretrain"):
+            s = sm.get(f"two_stage_minus_{other}_tau")
+            if s:
+                lo, hi = s["ci95"]
+                pooled["tau two-stage"] = f"{np.mean(s['side_a']):.3f} (mean)"
+                pooled[f"tau {other}"] = f"{np.mean(s['side_b']):.3f} (mean)"
+                pooled[f"two-stage - {other}"] = (f"{s['estimate']:+.3f} ({lo:+.3f}–{hi:+.3f}; seeds, then prompts; "
+                                                  f"sd over seeds {s['seed_sd']:.3f})")
+        rows.append(pooled)
     return pd.DataFrame(rows).set_index("seed") if rows else pd.DataFrame()
 
 
