@@ -69,14 +69,16 @@ def main() -> int:
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ms", default="1,8", help="token counts M per call: 1 is a decode step, k+1 a verify of k drafts")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     import torch
     from vllm.model_executor.kernels.linear.mixed_precision.cpu import CPUWNA16LinearKernel
     torch.set_num_threads(a.threads)
+    ms = [int(m) for m in a.ms.split(",")]
     rows = {}
     for name, (in_f, out_f) in SHAPES.items():
-        for M in (1, 8):
+        for M in ms:
             x = torch.randn(M, in_f, generator=torch.Generator().manual_seed(M)).to(torch.bfloat16)
             row = {}
             for path in ("w4a8", "w4a16"):
@@ -91,7 +93,7 @@ def main() -> int:
             row["bf16_rel_err"] = float((torch.nn.functional.linear(x, ref).float() - exact).norm() / exact.norm())
             rows[f"{name} M={M}"] = row
             print(name, M, row, flush=True)
-    tot = {p: {M: sum(r[f"{p}_us"] for n, r in rows.items() if n.endswith(f"M={M}")) for M in (1, 8)}
+    tot = {p: {M: sum(r[f"{p}_us"] for n, r in rows.items() if n.endswith(f"M={M}")) for M in ms}
            for p in ("bf16", "w4a8", "w4a16")}
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True).stdout.strip()
@@ -99,7 +101,7 @@ def main() -> int:
     out = {"command": " ".join(sys.argv), "git_sha": sha, "cpu": cpu, "amx_tile": torch.cpu._is_amx_tile_supported(),
            "threads": a.threads, "group": a.group, "rows": rows,
            "per_decoder_layer_us": tot,
-           "ratio_vs_bf16": {p: {M: tot[p][M] / tot["bf16"][M] for M in (1, 8)} for p in ("w4a8", "w4a16")}}
+           "ratio_vs_bf16": {p: {M: tot[p][M] / tot["bf16"][M] for M in ms} for p in ("w4a8", "w4a16")}}
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out["ratio_vs_bf16"], indent=1))
     return 0

