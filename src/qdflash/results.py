@@ -547,6 +547,24 @@ def _regime_drafter_cpu_xlqad(reads: list[Path], root: Path) -> str:
             + cpu_target_compare_text(gpu[1].parent, cpu_dq.parent, list(zip(gpu[2:], cpu_vllm))))
 
 
+def _regime_drafter_cpu_int4(reads: list[Path], root: Path) -> str:
+    """The regime drafter on vLLM on this CPU with the INT4 layers served as W4A16 (reads: ``verify_cost_k.py
+    --compare-w4a8``'s JSON, then a run's rounds against the faster plain target, then an earlier run served as W4A8 on
+    the same prompts): its table of k, then ``gpu_results.cpu_int4_kernel_text``."""
+    from .figures import table_markdown
+    from .gpu_results import cpu_int4_kernel_text, verify_cost_table, vllm_prompt_set
+    run, fp_rounds, earlier = reads
+    r = read_json(run)
+    n, src = vllm_prompt_set(r)
+    vt = verify_cost_table(run)
+    vt = vt.loc[:, (vt != "").any()]
+    return (f"\nThe regime drafter on vLLM on this CPU, INT4 layers served as W4A16 (`{rel(run.parent)}/`, README there):\n\n"
+            + table_markdown(vt, f"vLLM on this CPU, batch 1: the GPU run's QAD W4A16 target{_int4_clause(r)} + "
+                                 f"`{Path(r['drafter']).name}`, {n} held-out prompts of {src} x {r['max_tokens']} tokens, "
+                                 f"one pass per row; the W4A8 rows for comparison (`{rel(run)}`)", LEVEL)
+            + "\n" + cpu_int4_kernel_text(run, fp_rounds, earlier))
+
+
 def _regime_curve(reads: list[Path], root: Path) -> str:
     """GPU runs' drafters against data and training steps (reads: each run's saved stage-02 metrics)."""
     from .figures import table_markdown
@@ -711,11 +729,11 @@ def _draft_vocab(reads: list[Path], root: Path) -> str:
 
 
 def _int4_clause(r: dict) -> str:
-    """" (its INT4 layers served as ...)" for a ``verify_cost_k.py`` JSON (``gpu_results.vllm_int4_path``); empty
+    """" (INT4 layers served as ...)" for a ``verify_cost_k.py`` JSON (``gpu_results.vllm_int4_path``); empty
     where neither the run nor its CPU record says."""
     from .gpu_results import vllm_int4_path
     path = vllm_int4_path(r)
-    return "" if path == "?" else f" (its INT4 layers served as {path})"
+    return "" if path == "?" else f" (INT4 layers served as {path})"
 
 
 def _table(table: str, title):
@@ -761,6 +779,7 @@ SECTIONS = {
     "regime_drafter_cpu": _regime_drafter_cpu,
     "regime_drafter_cpu_vocab": _regime_drafter_cpu_vocab,
     "regime_drafter_cpu_xlqad": _regime_drafter_cpu_xlqad,
+    "regime_drafter_cpu_int4": _regime_drafter_cpu_int4,
     "draft_vocab": _draft_vocab,
     "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
