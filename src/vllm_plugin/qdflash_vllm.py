@@ -162,7 +162,12 @@ def request_amx_permission() -> bool:
     except OSError:
         return False
     sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
-    return ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
+    if ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0:
+        return True
+    import sys
+    print(f"qdflash plugin: Linux refused the AMX tile state (errno {ctypes.get_errno()}); vLLM's W4A16 kernel on "
+          "this AMX CPU may then die of SIGILL", file=sys.stderr)
+    return False
 
 
 def register() -> None:
