@@ -92,9 +92,11 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
         buckets = [b for b in (own or {}).get("latency_s", {}) if own["latency_s"][b] and m["latency_s"].get(b)]
         vs_own = (sum(sum(own["latency_s"][b]) / sum(m["latency_s"][b]) for b in buckets) / len(buckets)
                   if buckets else None)
+        vs_base = (f" (vs {m['speedup_baseline']})"                  # a row against another plain baseline
+                   if m.get("speedup_baseline", r["baseline"]) != r["baseline"] else "")
         sp = round(m["speedup_vs_faster_plain"], 3)
         if mixed:                        # a column of text: every figure to 3 decimals, the other baseline named
-            sp = f"{sp:.3f}" + (f" (vs {m['speedup_baseline']})" if m.get("speedup_baseline", r["baseline"]) != r["baseline"] else "")
+            sp = f"{sp:.3f}{vs_base}"
         miss = "" if m.get("greedy_mismatches_vs_own_plain") is None else m["greedy_mismatches_vs_own_plain"]
         if m.get("compared_with") and name.endswith("-w4a8"):     # the W4A8 rows: named against what
             miss = f"{miss} (vs {m['compared_with']})"
@@ -104,9 +106,7 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
                      "tau (vLLM)": round(m["tau"], 3) if m.get("tau") else "",
                      "tau 95% CI": "–".join(f"{x:.3f}" for x in m["tau_ci95"]) if m.get("tau_ci95") else "",
                      f"speedup vs {r['baseline']}": sp,
-                     "latency score": (f"{m['latency_score']:.3f}" + (
-                         f" (vs {m['speedup_baseline']})" if m.get("speedup_baseline", r["baseline"]) != r["baseline"]
-                         else "")) if mixed else round(m["latency_score"], 3),
+                     "latency score": f"{m['latency_score']:.3f}{vs_base}" if mixed else round(m["latency_score"], 3),
                      # like for like only where the outputs are the QAD target's own (not the W4A8 model's)
                      "latency score vs qad-plain": ((f"{vs_own:.3f}" if mixed else round(vs_own, 3))
                                                     if vs_own is not None and not name.endswith("-w4a8") else ""),
@@ -238,18 +238,22 @@ def cpu_target_compare_text(gpu_target_dq: str | Path, cpu_target_dq: str | Path
             + ".\n")
 
 
-def _spread_pct(res: dict, ks: list[str]) -> str:
-    """How far apart the single-pass tok/s of the speculative rows at ``ks`` (except k = 1) are: "N%" of the slowest."""
-    v = [res[f"qad-spec-k{k}"]["tokens_per_s"] for k in ks if k != "1" and f"qad-spec-k{k}" in res]
-    return f"{100 * (max(v) / min(v) - 1):.0f}%" if v else "?"
+def _spec_ks(rows: dict) -> set[int]:
+    """The k of a ``verify_cost_k.py`` result's speculative rows (not the window or W4A8 rows of one k)."""
+    return {int(k[len("qad-spec-k"):]) for k in rows if re.fullmatch(r"qad-spec-k\d+", k)}
+
+
+def _spread_text(res: dict) -> str:
+    """How far apart the single-pass tok/s of a run's speculative rows above k = 1 are: "k = A-B here within N%"."""
+    ks = sorted(k for k in _spec_ks(res) if k > 1)
+    v = [res[f"qad-spec-k{k}"]["tokens_per_s"] for k in ks]
+    return f"k = {ks[0]}-{ks[-1]} here within {100 * (max(v) / min(v) - 1):.0f}%" if v else "no k above 1 here"
 
 
 def _tau_by_k(a_run: dict, b_run: dict) -> tuple[list[str], list[tuple[str, str]]]:
     """The k values two ``verify_cost_k.py`` results both ran and each one's vLLM tau at them, formatted."""
     a, b = a_run["results"], b_run["results"]
-    spec_ks = lambda rows: {int(k[len("qad-spec-k"):]) for k in rows                     # noqa: E731
-                            if re.fullmatch(r"qad-spec-k\d+", k)}     # not the window or W4A8 rows of one k
-    ks = sorted(spec_ks(a) & spec_ks(b))
+    ks = sorted(_spec_ks(a) & _spec_ks(b))
     return [str(k) for k in ks], [(f"{a[f'qad-spec-k{k}']['tau']:.2f}", f"{b[f'qad-spec-k{k}']['tau']:.2f}") for k in ks]
 
 
@@ -266,8 +270,9 @@ def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_
     spec, w8p, w8s = res[f"qad-spec-k{best}"], res.get("qad-plain-w4a8"), res.get(f"qad-spec-k{best}-w4a8")
     n = sum(len(v) for v in r["prompt_tokens"].values())
     sha = lambda x: str(x["git_sha"])[:7] + ("-dirty" if str(x["git_sha"]).endswith("dirty") else "")  # noqa: E731
-    if vllm_int4_path(r) != "W4A16":
-        raise ValueError(f"{run}: its QAD rows did not record W4A16 INT4 layers ({vllm_int4_path(r)})")
+    path = vllm_int4_path(r)
+    if path != "W4A16":
+        raise ValueError(f"{run}: its QAD rows did not record W4A16 INT4 layers ({path})")
     out = (f"- Served as W4A16 (`VLLM_CPU_INT4_W4A8=0`; commit {sha(r)}): plain decoding "
            f"{res['qad-plain']['tokens_per_s']:.1f} tok/s for the QAD target ({1e3 * res['qad-plain']['step_s']:.1f} ms a "
            f"token) against {res['fp-plain']['tokens_per_s']:.1f} for the FP bf16 target, so the baseline is the "
@@ -315,7 +320,7 @@ def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_
                         f"{same['tokens_per_s'] / ep['tokens_per_s']:.3f}x its plain decoding, against "
                         f"{w8s['tokens_per_s']:.1f} and {w8s['tokens_per_s'] / w8p['tokens_per_s']:.3f}x here: a ratio "
                         f"within one run moves by this much between runs, so the best k of one pass (the tok/s of "
-                        f"k = 2-5 here within {_spread_pct(res, ks)}) is not a settled choice.\n")
+                        f"{_spread_text(res)}) is not a settled choice.\n")
             out += (f"- vLLM's tau at k = {', '.join(ks)}, served as W4A16 here against W4A8 in `{Path(earlier_w4a8).parent.name}/{Path(earlier_w4a8).name}` "
                     f"(the same prompts; separate runs, commit {sha(e)}): "
                     + ", ".join(f"{x} against {y}" for x, y in taus) + ".\n")
@@ -1294,8 +1299,7 @@ def seeds_drafter_table(run_dir: str | Path, summary: dict | None = None) -> pd.
         files = [d / f"metrics-s{seed}-0{s}_drafter_{n}.json" for s, n in ((2, "pretrain"), (3, "finetune"))]
         if "two_stage" not in res or "direct" not in res or not all(f.exists() for f in files):
             continue
-        pre = read_json(d / f"metrics-s{seed}-02_drafter_pretrain.json")["train"]
-        ft = read_json(d / f"metrics-s{seed}-03_drafter_finetune.json")["train"]
+        pre, ft = (read_json(f)["train"] for f in files)
         row = {"seed": seed, "pretrain steps": pre["steps"], "pretrain final loss": f"{pre['final_loss']:.2f}",
                "direct steps": ft["direct"]["steps"]}
         for k in ("pretrain", "two_stage", "direct"):

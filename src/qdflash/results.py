@@ -492,7 +492,7 @@ def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime 
     then verify_cost_k.py JSONs and stage-03 folders of gpu_drafter_on_cpu.py --finetune): stage 04's table, the
     finetunes' lines and per-position differences, then per vLLM run its table of k and its timed rounds."""
     from .figures import drafter_quant_table, quant_positions_table, table_markdown
-    from .gpu_results import cpu_finetune_text, verify_cost_table, vllm_prompt_set, vllm_rounds_text
+    from .gpu_results import cpu_finetune_text, vllm_rounds_text
     gpu_run, dq = reads[0].parent, reads[1].parent
     runs = [f for f in reads[2:] if f.suffix == ".json"]
     finetunes = [f for f in reads[2:] if f.is_dir()]
@@ -513,15 +513,22 @@ def _regime_drafter_cpu(reads: list[Path], root: Path, title: str = "The regime 
         out += "\n" + table_markdown(qp.iloc[:, :4], "Quantized minus fp32 drafter, acceptance at draft positions 1-4, "
                                      "paired over the same prompts (95% CI)", LEVEL)
     for f in runs:
-        r = read_json(f)
-        n, src = vllm_prompt_set(r)
-        vt = verify_cost_table(f)
-        vt = vt.loc[:, (vt != "").any()]                # no empty column (e.g. no projection asked for)
-        out += ("\n" + table_markdown(vt, f"vLLM on this CPU, batch 1: the QAD W4A16 target{_int4_clause(r)} + "
-                                      f"`{Path(r['drafter']).name}`, {n} held-out prompts of {src} x {r['max_tokens']} "
-                                      f"tokens, one pass per row (`{rel(f)}`)", LEVEL)
-                + "\n" + vllm_rounds_text(f))
+        out += "\n" + _vllm_k_table(f) + "\n" + vllm_rounds_text(f)
     return out
+
+
+def _vllm_k_table(f: Path, target: str = "the QAD W4A16 target", note: str = "") -> str:
+    """A ``verify_cost_k.py`` JSON's table of configurations (``gpu_results.verify_cost_table``, empty columns dropped)
+    under its title: the target and how its INT4 layers were served, the drafter, the prompts; ``note`` after them."""
+    from .figures import table_markdown
+    from .gpu_results import verify_cost_table, vllm_prompt_set
+    r = read_json(f)
+    n, src = vllm_prompt_set(r)
+    vt = verify_cost_table(f)
+    vt = vt.loc[:, (vt != "").any()]                # no empty column (e.g. no projection asked for)
+    return table_markdown(vt, f"vLLM on this CPU, batch 1: {target}{_int4_clause(r)} + `{Path(r['drafter']).name}`, "
+                              f"{n} held-out prompts of {src} x {r['max_tokens']} tokens, one pass per row{note} "
+                              f"(`{rel(f)}`)", LEVEL)
 
 
 def _regime_drafter_cpu_vocab(reads: list[Path], root: Path) -> str:
@@ -551,17 +558,10 @@ def _regime_drafter_cpu_int4(reads: list[Path], root: Path) -> str:
     """The regime drafter on vLLM on this CPU with the INT4 layers served as W4A16 (reads: ``verify_cost_k.py
     --compare-w4a8``'s JSON, then a run's rounds against the faster plain target, then an earlier run served as W4A8 on
     the same prompts): its table of k, then ``gpu_results.cpu_int4_kernel_text``."""
-    from .figures import table_markdown
-    from .gpu_results import cpu_int4_kernel_text, verify_cost_table, vllm_prompt_set
+    from .gpu_results import cpu_int4_kernel_text
     run, fp_rounds, earlier = reads
-    r = read_json(run)
-    n, src = vllm_prompt_set(r)
-    vt = verify_cost_table(run)
-    vt = vt.loc[:, (vt != "").any()]
     return (f"\nThe regime drafter on vLLM on this CPU, INT4 layers served as W4A16 (`{rel(run.parent)}/`, README there):\n\n"
-            + table_markdown(vt, f"vLLM on this CPU, batch 1: the GPU run's QAD W4A16 target{_int4_clause(r)} + "
-                                 f"`{Path(r['drafter']).name}`, {n} held-out prompts of {src} x {r['max_tokens']} tokens, "
-                                 f"one pass per row; the W4A8 rows for comparison (`{rel(run)}`)", LEVEL)
+            + _vllm_k_table(run, "the GPU run's QAD W4A16 target", "; the W4A8 rows for comparison")
             + "\n" + cpu_int4_kernel_text(run, fp_rounds, earlier))
 
 
