@@ -80,6 +80,22 @@ def test_the_readme_quotes_the_served_speedup_as_the_median_of_its_rounds(tmp_pa
     assert "median of rounds" not in readme_block("smol", root)
 
 
+def test_the_readme_wall_time_names_the_machine_only_where_every_stage_ran_on_one(tmp_path):
+    """The committed run's stages all ran on one AMD EPYC: the wall-time line names it; a stage recorded on another
+    CPU leaves the line with no machine."""
+    import shutil
+
+    from qdflash.results import readme_block
+    root = tmp_path / "smol"
+    shutil.copytree(RES, root)
+    import re
+    assert re.search(r"all stages: \d+ s on one AMD EPYC machine, 2 cores, one run\.", " ".join(readme_block("smol", root).split()))
+    r = json.loads((root / "04_drafter_quant" / "run.json").read_text())
+    r["cpu"]["model"] = "Intel Xeon"
+    (root / "04_drafter_quant" / "run.json").write_text(json.dumps(r))
+    assert re.search(r"all stages: \d+ s \(one run\)\.", " ".join(readme_block("smol", root).split()))
+
+
 def test_quant_positions_table_pairs_each_quantized_row_with_the_fp32_row_of_its_window(tmp_path):
     """On a hand-made decode-04.json whose rows differ by known rates at known positions: each cell is the quantized
     row minus the fp32 row with the same window (pairing with the other window's fp32 row, a flipped sign or a shifted

@@ -203,7 +203,12 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
     from .figures import stage_times_table
     st = stage_times_table(root)
     if len(st):
-        notes.insert(0, f"Wall time of the `{preset}` run, all stages: {st['wall time s']['total']:.0f} s.")
+        # the machine where every stage ran on one kind (a wall time of one run, not a median of repetitions)
+        cpus = {(c.get("model"), c.get("cores")) for c in (read_json(root / s / "run.json").get("cpu") or {}
+                                                           for s in finished_stages(root) if (root / s / "run.json").exists())}
+        model, cores = next(iter(cpus)) if len(cpus) == 1 else (None, None)
+        where = f" on one {model} machine, {cores} cores, one run" if model and cores else " (one run)"
+        notes.insert(0, f"Wall time of the `{preset}` run, all stages: {st['wall time s']['total']:.0f} s{where}.")
     import textwrap
     wrap = lambda t: textwrap.fill(t, 118, break_long_words=False, break_on_hyphens=False)   # noqa: E731
     comment, _, italic = head.strip().partition("\n")
