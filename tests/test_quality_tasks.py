@@ -1,17 +1,19 @@
 """The log-likelihood quality tasks of stage 06 (quality_tasks): the lm-eval wiring scores an oracle 1.0 and an
 anti-oracle 0.0 (a swapped label or a wrong choice list would not), and the fractions of the teacher's score."""
+import math
 import re
 
 import pytest
 
-from qdflash.quality_tasks import (make_agreement, make_products, paired_between, relative_to_teacher,
-                                   write_quality_tasks)
+from qdflash.quality_tasks import (CHANCE, QUALITY_TASKS, STAGE06_QUALITY_TASKS, make_agreement,
+                                   make_number_agreement, make_products, make_rg_family, make_rg_numeric,
+                                   paired_between, relative_to_teacher, write_quality_tasks)
 
 
 def _oracle_lm(right: bool):
     from lm_eval.api.model import LM
 
-    goods = set()
+    goods, answers = set(), {}            # the pairs' grammatical sentences; question -> right answer (other tasks)
 
     class Oracle(LM):
         def loglikelihood(self, requests, disable_tqdm=False):
@@ -20,9 +22,12 @@ def _oracle_lm(right: bool):
                 ctx, cont = r.args
                 if ctx.strip() == "" or ctx == " ":
                     ok = cont.strip() in goods
-                else:
+                elif re.search(r"(\d+) \* (\d+)", ctx):       # products: computed, not looked up
                     a, b = map(int, re.search(r"(\d+) \* (\d+)", ctx).groups())
                     ok = cont.strip() == str(a * b)
+                else:
+                    q = ctx.split("Question: ", 1)[1].rsplit("\nAnswer:", 1)[0]
+                    ok = cont.strip() == answers[q]
                 out.append(((0.0 if ok == right else -10.0), False))
             return out
 
@@ -32,19 +37,51 @@ def _oracle_lm(right: bool):
         def generate_until(self, requests, disable_tqdm=False):
             raise NotImplementedError
 
-    return Oracle(), goods
+    return Oracle(), goods, answers
 
 
 @pytest.mark.parametrize("right", [True, False])
 def test_lm_eval_scores_an_oracle_right(tmp_path, right):
+    """Every task of QUALITY_TASKS: the oracle (the right choice most likely) scores 1.0, the anti-oracle 0.0."""
     import lm_eval
     from lm_eval.tasks import TaskManager
-    tasks = write_quality_tasks(tmp_path, 12)
-    lm, goods = _oracle_lm(right)
-    goods.update(r["good"] for r in make_agreement(12, 0))
+    tasks = write_quality_tasks(tmp_path, 12, tasks=tuple(QUALITY_TASKS))
+    assert set(tasks) == set(QUALITY_TASKS) == set(CHANCE)
+    lm, goods, answers = _oracle_lm(right)
+    for t, (make, kind) in QUALITY_TASKS.items():
+        rows = make(12, 0)
+        goods.update(r["good"] for r in rows if kind == "pairs")
+        answers.update((r["question"], r["choices"][r["label"]]) for r in rows if kind == "question")
     res = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=TaskManager(include_path=str(tmp_path)))
     for t in tasks:
         assert res["results"][t]["acc,none"] == (1.0 if right else 0.0), t
+
+
+def test_stage06_writes_its_two_tasks_unless_told_and_refuses_unknown_ones(tmp_path):
+    assert tuple(write_quality_tasks(tmp_path / "a", 4)) == STAGE06_QUALITY_TASKS
+    assert sorted(p.name for p in (tmp_path / "a").glob("*.yaml")) == sorted(f"{t}.yaml" for t in STAGE06_QUALITY_TASKS)
+    with pytest.raises(ValueError, match="unknown quality tasks"):
+        write_quality_tasks(tmp_path / "b", 4, tasks=("local_nope",))
+    from qdflash.config import EvalConfig, load_config
+    assert load_config(EvalConfig, "smol").quality_tasks == STAGE06_QUALITY_TASKS
+
+
+def test_the_added_tasks_are_distinct_deterministic_and_well_formed():
+    na = make_number_agreement(200, 0)
+    assert na == make_number_agreement(200, 0) and na != make_number_agreement(200, 1)
+    assert len({r["good"] for r in na}) == 200 and all(r["good"] != r["bad"] for r in na)
+    assert {r["kind"] for r in na} == {"determiner", "reflexive", "there_is_are", "has_have"}
+    # a singular antecedent's bad reflexive is the other gender, never "themselves" (singular they is grammatical)
+    assert not any(r["kind"] == "reflexive" and r["bad"].endswith("themselves.") for r in na)
+    for rows in (make_rg_numeric("gcd", 100, 0, (-2, -1, 1, 2, 3, 4), min_numbers=2, max_numbers=2, min_value=2,
+                                 max_value=40), make_rg_family(100, 0)):
+        assert len({r["question"] for r in rows}) == 100
+        assert all(len(set(r["choices"])) == 4 and 0 <= r["label"] < 4 for r in rows)
+        assert len({r["label"] for r in rows}) > 1
+    gcd = make_rg_numeric("gcd", 100, 0, (-2, -1, 1, 2, 3, 4), min_numbers=2, max_numbers=2, min_value=2, max_value=40)
+    for r in gcd:                         # the labelled choice is the GCD of the question's two numbers
+        a, b = map(int, re.search(r"numbers: (\d+), (\d+)", r["question"]).groups())
+        assert int(r["choices"][r["label"]]) == math.gcd(a, b)
 
 
 def test_items_are_distinct_deterministic_and_mixed():
@@ -88,3 +125,34 @@ def test_qad_against_gptq_is_paired_over_the_same_items():
     assert "qad - rtn" not in p
     z = paired_between({"qad": {"t": [0.0] * 8}, "gptq": {"t": [0.0] * 8}})["qad - gptq"]["t"]   # tiny: no item right
     assert z["diff"] == 0.0 and z["diff_ci95"] == [0.0, 0.0]
+
+
+def test_the_benchmark_table_and_summary_read_the_paired_differences(tmp_path):
+    """A hand-made benchmarks/quality_tasks.py output: the row of each task shows its own models' numbers, and the
+    summary lists a task under "above" or "below" only where the paired interval excludes zero on that side."""
+    import json
+
+    from qdflash.gpu_results import quality_tasks_summary, quality_tasks_table
+    tasks = ["local_agreement", "local_rg_gcd", "local_rg_family"]
+    acc = {"teacher": 0.9, "rtn": 0.7, "gptq": 0.8, "qad": 0.85}
+    scores = {m: {t: {"acc": a + 0.01 * i, "acc_ci95": [a - 0.05, a + 0.05], "items": 400} for i, t in enumerate(tasks)}
+              for m, a in acc.items()}
+    d = lambda x, lo, hi: {"diff": x, "diff_ci95": [lo, hi], "a": 0, "b": 0, "items": 400}      # noqa: E731
+    out = {"tasks": tasks, "chance": {t: CHANCE[t] for t in tasks}, "stage06_tasks": ["local_agreement"],
+           "dtype": "bfloat16", "provenance": {"git_sha": "abc123", "cpu": {"model": "Test CPU"}},
+           "stage01_git_sha": "def456", "stage01_cpu": "Test CPU", "scores": scores,
+           "vs_teacher": {"qad": {t: {"fraction_of_teacher": 0.94, "fraction_ci95": [0.9, 0.98]} for t in tasks}},
+           "paired": {"qad - gptq": {"local_agreement": d(-0.04, -0.07, -0.02), "local_rg_gcd": d(0.05, 0.01, 0.09),
+                                     "local_rg_family": d(0.01, -0.02, 0.04)},
+                      "qad - rtn": {t: d(0.1, 0.05, 0.15) for t in tasks}}}
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps(out))
+    tab = quality_tasks_table(path)
+    assert list(tab.index) == ["local_agreement (stage 06)", "local_rg_gcd", "local_rg_family"]
+    assert tab.loc["local_rg_gcd", "gptq acc"].startswith("0.810 ")
+    assert tab.loc["local_agreement (stage 06)", "QAD minus GPTQ (paired)"] == "-0.040 (-0.070–-0.020)"
+    assert tab.loc["local_rg_family", "chance"] == 0.25
+    s = quality_tasks_summary(path)
+    assert ("QAD minus GPTQ excludes zero on 2 of 3 tasks: above on `local_rg_gcd`, below on `local_agreement`."
+            in s)
+    assert "QAD minus RTN excludes zero on 3 of 3 tasks" in s and "Test CPU" in s and "`abc123`" in s

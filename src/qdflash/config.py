@@ -170,6 +170,8 @@ class EvalConfig:
     thresholds: tuple[float, float, float] = (0.621, 0.814, 0.630)
     dtype: str = "float32"          # lm-eval hf backend and the reference decoder (bfloat16 for smol/full)
     n_quality: int = 0              # items per log-likelihood quality task (quality_tasks); 0: none
+    quality_tasks: tuple[str, ...] = ("local_agreement", "local_rg_products")   # names in quality_tasks.QUALITY_TASKS
+    #                                 (checked where stage 06 writes them: config imports no method module)
 
 
 @dataclass(frozen=True)

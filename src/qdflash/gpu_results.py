@@ -1371,3 +1371,43 @@ def swa_long_summary(path: str | Path) -> str:
         lo, hi = d["diff_ci95"]
         lines.append(f"- {name.replace(' - ', ' minus ')}: {d['diff']:+.3f} ({lo:+.3f} to {hi:+.3f})")
     return "\n".join(lines) + "\n"
+
+
+def quality_tasks_table(path: str | Path) -> pd.DataFrame:
+    """``benchmarks/quality_tasks.py``'s output, one row per task: chance, items, each model's accuracy, QAD's fraction
+    of the teacher's, and QAD minus GPTQ and minus RTN paired over the same items (95% bootstrap intervals over items);
+    "stage 06" marks the tasks stage 06 scores too."""
+    r = read_json(path)
+    ci = lambda lo, hi, sign="": f"{lo:{sign}.3f}–{hi:{sign}.3f}"       # noqa: E731
+    rows = []
+    for t in r["tasks"]:
+        s = r["scores"]
+        row = {"task": t + (" (stage 06)" if t in r.get("stage06_tasks", ()) else ""), "chance": r["chance"][t],
+               "items": s["teacher"][t]["items"]}
+        for m in ("teacher", "rtn", "gptq", "qad"):
+            row[f"{m} acc"] = f"{s[m][t]['acc']:.3f} ({ci(*s[m][t]['acc_ci95'])})"
+        v = r["vs_teacher"]["qad"][t]
+        row["QAD x teacher"] = f"{v['fraction_of_teacher']:.3f} ({ci(*v['fraction_ci95'])})"
+        for other in ("gptq", "rtn"):
+            d = r["paired"][f"qad - {other}"][t]
+            row[f"QAD minus {other.upper()} (paired)"] = f"{d['diff']:+.3f} ({ci(*d['diff_ci95'], sign='+')})"
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("task")
+
+
+def quality_tasks_summary(path: str | Path) -> str:
+    """Where QAD minus GPTQ (and minus RTN) excludes zero, by task, with the machine, commit and what it rests on."""
+    r = read_json(path)
+    p = r.get("provenance") or {}
+    parts = []
+    for other in ("gptq", "rtn"):
+        ds = r["paired"][f"qad - {other}"]
+        above = [t for t in r["tasks"] if ds[t]["diff_ci95"][0] > 0]
+        below = [t for t in r["tasks"] if ds[t]["diff_ci95"][1] < 0]
+        parts.append(f"QAD minus {other.upper()} excludes zero on {len(above) + len(below)} of {len(r['tasks'])} "
+                     f"tasks: above on {', '.join(f'`{t}`' for t in above) or 'none'}, below on "
+                     f"{', '.join(f'`{t}`' for t in below) or 'none'}.")
+    return (f"{' '.join(parts)} Every model in {r['dtype']}, one stage-01 run (one QAD training seed), items scored by "
+            f"lm-eval log-likelihood through the chat template; {machine_of(r)}, commit "
+            f"`{str(p.get('git_sha', '?'))[:12]}` (stage 01 at `{str(r.get('stage01_git_sha', '?'))[:12]}`, "
+            f"{r.get('stage01_cpu', '?')}).\n")

@@ -10,6 +10,21 @@ chance on them and every quantized model is "within noise". These two tasks are 
   numeric options (chance 0.25); in a first probe SmolLM2-135M-Instruct was above chance here while its ``chain_sum``
   and ``leg_counting`` sat at chance.
 
+Stage 06 scores those two (``EvalConfig.quality_tasks``); four more of the same kinds (issue 35 item 5: more tasks
+the teacher can do, so that a paired difference has the power to exclude zero) are in ``QUALITY_TASKS`` for any
+run or benchmark that names them (``benchmarks/quality_tasks.py`` scores all six):
+
+* ``local_number_agreement``: minimal pairs of other number and gender agreements: this/these and that/those with
+  the noun, a reflexive with its antecedent (the other gender for a singular one, since "themselves" may take a
+  singular antecedent), there is/are, has/have (chance 0.5).
+* ``local_rg_gcd``, ``local_rg_letter_counting``: reasoning-gym ``gcd`` (two numbers up to 40) and
+  ``letter_counting``, four non-negative numeric options near the answer (chance 0.25).
+* ``local_rg_family``: reasoning-gym ``family_relationships``, the answer among four relation words (chance 0.25).
+
+A probe of the teacher on 200 items each (bf16, one run; `benchmarks/quality-tasks/README.md`): gcd 0.56, letter
+counting 0.46, family 0.41; ``basic_arithmetic`` sums (0.35), its sums and differences (0.29), weekdays of
+``calendar_arithmetic`` (0.28) and ``syllogism`` (0.31) were too near chance to keep.
+
 Stage 06 scores them like every task of the run, through the model's chat template: each sentence or answer is
 the assistant's reply, so ``local_agreement`` measures which reply the model prefers, not unconditional sentence
 probability.
@@ -25,7 +40,9 @@ from pathlib import Path
 from .runio import write_jsonl
 
 ACC = "acc,none"
-CHANCE = {"local_agreement": 0.5, "local_rg_products": 0.25}
+CHANCE = {"local_agreement": 0.5, "local_rg_products": 0.25, "local_number_agreement": 0.5, "local_rg_gcd": 0.25,
+          "local_rg_letter_counting": 0.25, "local_rg_family": 0.25}
+STAGE06_QUALITY_TASKS = ("local_agreement", "local_rg_products")      # EvalConfig.quality_tasks' default
 
 _NOUNS = [("dog", "dogs"), ("cat", "cats"), ("teacher", "teachers"), ("child", "children"), ("woman", "women"),
           ("man", "men"), ("student", "students"), ("bird", "birds"), ("doctor", "doctors"), ("farmer", "farmers"),
@@ -82,6 +99,64 @@ def make_agreement(n: int, seed: int) -> list[dict]:
     return rows
 
 
+_GENDERED = [("boy", "boys", "himself"), ("girl", "girls", "herself"), ("man", "men", "himself"), ("woman", "women", "herself"),
+             ("king", "kings", "himself"), ("queen", "queens", "herself"), ("father", "fathers", "himself"),
+             ("mother", "mothers", "herself"), ("brother", "brothers", "himself"), ("sister", "sisters", "herself"),
+             ("actor", "actors", "himself"), ("actress", "actresses", "herself")]
+_REFL_VERBS = ["hurt", "saw", "praised", "blamed", "washed", "introduced", "described", "helped"]
+_THINGS = [("dog", "dogs"), ("cat", "cats"), ("book", "books"), ("car", "cars"), ("tree", "trees"), ("chair", "chairs"),
+           ("apple", "apples"), ("box", "boxes"), ("child", "children"), ("mouse", "mice"), ("bird", "birds"), ("cup", "cups")]
+_ANIMALS = [("dog", "dogs"), ("cat", "cats"), ("horse", "horses"), ("child", "children"), ("mouse", "mice"),
+            ("bird", "birds"), ("farmer", "farmers"), ("teacher", "teachers"), ("student", "students"), ("baby", "babies")]
+_SEE = ["I saw", "We bought", "She liked", "They found", "He wanted", "You painted"]
+_WHERE = ["in the garden", "on the table", "near the door", "under the bed", "in the kitchen", "by the river"]
+_HAVE = ["a red ball", "a new home", "many friends", "a long tail", "a big problem", "a good idea"]
+_COUNT = ["two", "three", "four", "five", "many", "several"]
+def make_number_agreement(n: int, seed: int) -> list[dict]:
+    """``n`` minimal pairs {"good", "bad", "kind"} of number and gender agreement, four kinds in turn."""
+    rng = random.Random(f"number-agreement-{seed}")
+    rows, seen, tries = [], set(), 0
+    while len(rows) < n:
+        tries += 1
+        if tries > 50 * n + 1000:
+            raise ValueError(f"cannot make {n} distinct minimal pairs from the word lists")
+        kind = len(rows) % 4
+        plural = rng.random() < 0.5
+        if kind == 0:                       # determiner and noun: this/these, that/those
+            sg, pl = rng.choice(_THINGS)
+            near = rng.random() < 0.5
+            d_sg, d_pl = ("this", "these") if near else ("that", "those")
+            s = rng.choice(_SEE)
+            noun = pl if plural else sg
+            good, bad = f"{s} {d_pl if plural else d_sg} {noun}.", f"{s} {d_sg if plural else d_pl} {noun}."
+        elif kind == 1:                     # reflexive and its antecedent
+            sg, pl, refl = rng.choice(_GENDERED)
+            v = rng.choice(_REFL_VERBS)
+            if plural:
+                good, bad = f"The {pl} {v} themselves.", f"The {pl} {v} {refl}."
+            else:                           # the other gender (a singular antecedent may take "themselves")
+                other = "herself" if refl == "himself" else "himself"
+                good, bad = f"The {sg} {v} {refl}.", f"The {sg} {v} {other}."
+        elif kind == 2:                     # existential there: is/are
+            sg, pl = rng.choice(_THINGS)
+            w = rng.choice(_WHERE)
+            if plural:
+                c = rng.choice(_COUNT)
+                good, bad = f"There are {c} {pl} {w}.", f"There is {c} {pl} {w}."
+            else:
+                good, bad = f"There is a {sg} {w}.", f"There are a {sg} {w}."
+        else:                               # has/have
+            sg, pl = rng.choice(_ANIMALS)
+            h = rng.choice(_HAVE)
+            subj = pl if plural else sg
+            good, bad = (f"The {subj} {'have' if plural else 'has'} {h}.", f"The {subj} {'has' if plural else 'have'} {h}.")
+        if good in seen:
+            continue
+        seen.add(good)
+        rows.append({"good": good, "bad": bad, "kind": ["determiner", "reflexive", "there_is_are", "has_have"][kind]})
+    return rows
+
+
 def make_products(n: int, seed: int) -> list[dict]:
     """``n`` distinct products (reasoning-gym ``products``: one-digit by one-digit, then up to two digits by one once
     the ~80 one-digit questions are used up) with the answer among four non-negative nearby numbers."""
@@ -108,11 +183,74 @@ def make_products(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def write_quality_tasks(task_dir: Path, n: int, seed: int = 0) -> dict[str, str]:
-    """Data and lm-eval YAMLs of both tasks in ``task_dir``; returns {task: metric}."""
+def make_rg_numeric(family: str, n: int, seed: int, deltas: tuple[int, ...], **kw) -> list[dict]:
+    """``n`` distinct reasoning-gym ``family`` questions whose answer is a non-negative integer, with four non-negative
+    options: the answer and three at the offsets ``deltas`` from it."""
+    import reasoning_gym as rg
+    rng = random.Random(f"{family}-{seed}")
+    rows, seen = [], set()
+    for x in rg.create_dataset(family, size=8 * n, seed=seed + 11, **kw):
+        if x["question"] in seen or len(rows) == n:
+            continue
+        seen.add(x["question"])
+        a = int(x["answer"])
+        if a < 0 or sum(a + d >= 0 for d in set(deltas)) < 3:
+            raise ValueError(f"{family}: answer {a} leaves fewer than three non-negative options at {deltas}")
+        opts = {a}
+        while len(opts) < 4:
+            o = a + rng.choice(deltas)
+            if o >= 0:
+                opts.add(o)
+        opts = sorted(opts)
+        rows.append({"question": x["question"], "choices": [str(o) for o in opts], "label": opts.index(a)})
+    if len(rows) < n:
+        raise ValueError(f"reasoning-gym gave only {len(rows)} distinct {family} questions, not {n}")
+    return rows
+
+
+_RELATIONS = ["husband", "wife", "mother", "father", "son", "daughter", "brother", "sister", "grandfather",
+              "grandmother", "grandson", "granddaughter", "father-in-law", "mother-in-law", "son-in-law",
+              "daughter-in-law", "uncle", "aunt"]
+
+
+def make_rg_family(n: int, seed: int) -> list[dict]:
+    """``n`` distinct reasoning-gym ``family_relationships`` questions, the answer among four relation words (three
+    others drawn from ``_RELATIONS``); questions whose answer is not in the list are skipped."""
+    import reasoning_gym as rg
+    rng = random.Random(f"family-{seed}")
+    rows, seen = [], set()
+    for x in rg.create_dataset("family_relationships", size=8 * n, seed=seed + 11):
+        if x["question"] in seen or len(rows) == n or x["answer"] not in _RELATIONS:
+            continue
+        seen.add(x["question"])
+        opts = sorted({x["answer"], *rng.sample([r for r in _RELATIONS if r != x["answer"]], 3)})
+        rows.append({"question": x["question"], "choices": opts, "label": opts.index(x["answer"])})
+    if len(rows) < n:
+        raise ValueError(f"reasoning-gym gave only {len(rows)} family questions with a listed answer, not {n}")
+    return rows
+
+
+# name -> (items: f(n, seed), kind): "pairs" rows {good, bad}, "question" rows {question, choices, label}
+QUALITY_TASKS = {
+    "local_agreement": (make_agreement, "pairs"),
+    "local_rg_products": (make_products, "question"),
+    "local_number_agreement": (make_number_agreement, "pairs"),
+    "local_rg_gcd": (lambda n, seed: make_rg_numeric("gcd", n, seed, (-2, -1, 1, 2, 3, 4), min_numbers=2,
+                                                     max_numbers=2, min_value=2, max_value=40), "question"),
+    "local_rg_letter_counting": (lambda n, seed: make_rg_numeric("letter_counting", n, seed, (-2, -1, 1, 2, 3)),
+                                 "question"),
+    "local_rg_family": (make_rg_family, "question"),
+}
+
+
+def write_quality_tasks(task_dir: Path, n: int, seed: int = 0,
+                        tasks: tuple[str, ...] = STAGE06_QUALITY_TASKS) -> dict[str, str]:
+    """Data and lm-eval YAMLs of ``tasks`` (names in ``QUALITY_TASKS``), ``n`` items each, in ``task_dir``; returns
+    {task: metric}."""
+    unknown = [t for t in tasks if t not in QUALITY_TASKS]
+    if unknown:
+        raise ValueError(f"unknown quality tasks {unknown}: choose from {sorted(QUALITY_TASKS)}")
     task_dir.mkdir(parents=True, exist_ok=True)
-    write_jsonl(task_dir / "agreement.jsonl", make_agreement(n, seed))
-    write_jsonl(task_dir / "rg_products.jsonl", make_products(n, seed))
     common = """output_type: multiple_choice
 test_split: test
 metric_list:
@@ -120,26 +258,18 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-    (task_dir / "local_agreement.yaml").write_text(f"""task: local_agreement
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {task_dir / 'agreement.jsonl'}
-doc_to_text: ""
-doc_to_choice: "{{{{[good, bad]}}}}"
-doc_to_target: 0
-target_delimiter: ""
-{common}""")
-    (task_dir / "local_rg_products.yaml").write_text(f"""task: local_rg_products
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {task_dir / 'rg_products.jsonl'}
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: label
-{common}""")
-    return {"local_agreement": ACC, "local_rg_products": ACC}
+    for task in tasks:
+        make, kind = QUALITY_TASKS[task]
+        data = task_dir / f"{task.removeprefix('local_')}.jsonl"
+        write_jsonl(data, make(n, seed))
+        if kind == "pairs":             # the grammatical sentence against its minimal pair, as the whole reply
+            body = 'doc_to_text: ""\ndoc_to_choice: "{{[good, bad]}}"\ndoc_to_target: 0\ntarget_delimiter: ""\n'
+        else:
+            body = ('doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\n'
+                    'doc_to_target: label\n')
+        (task_dir / f"{task}.yaml").write_text(f"task: {task}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+                                               f"    test: {data}\n{body}{common}")
+    return {t: ACC for t in tasks}
 
 
 def relative_to_teacher(item_acc: dict[str, dict[str, list[float]]], teacher: str = "teacher") -> dict:

@@ -696,6 +696,20 @@ def _swa_long(reads: list[Path], root: Path) -> str:
     return out
 
 
+def _quality_tasks(reads: list[Path], root: Path) -> str:
+    """Every log-likelihood quality task, the teacher and a run's three INT4 targets (``benchmarks/quality_tasks.py``;
+    reads: its JSON): the table and where the paired differences exclude zero."""
+    from .figures import table_markdown
+    from .gpu_results import machine_of, quality_tasks_summary, quality_tasks_table
+    out = ""
+    for path in reads:
+        out += ("\n" + table_markdown(quality_tasks_table(path), f"Quality kept on every log-likelihood task the "
+                                       f"teacher can do, {machine_of(read_json(path))} (`{rel(path)}`): accuracy "
+                                       f"and paired differences, 95% bootstrap intervals over items", LEVEL)
+                + "\n" + quality_tasks_summary(path))
+    return out
+
+
 def _gpu_seeds(reads: list[Path], root: Path) -> str:
     from .figures import table_markdown
     from .gpu_results import seeds_summary, seeds_table
@@ -789,6 +803,7 @@ SECTIONS = {
     "cpu_drafter_steps": _cpu_drafter_steps,
     "gpu_seeds": _gpu_seeds,
     "swa_long": _swa_long,
+    "quality_tasks": _quality_tasks,
     "gpu_xl_scaling": _gpu_xl_scaling,
     "plain_decode": _table("plain_decode_table", lambda p: (
         "Batch-1 plain decoding of the smol target on one H200, bf16, 128 new tokens "

@@ -53,7 +53,7 @@ def run_evaluation(cfg: EvalConfig, out_dir, data_dir, qad_dir, finetune_dir, pr
     qtasks = {}
     if cfg.n_quality and task_dir is not None:       # log-likelihood tasks the small teacher solves (quality_tasks)
         from ..quality_tasks import write_quality_tasks
-        qtasks = write_quality_tasks(task_dir, cfg.n_quality)
+        qtasks = write_quality_tasks(task_dir, cfg.n_quality, tasks=cfg.quality_tasks)
     results, raw, q_items = {}, {}, {}
     # lm-eval writes its own text bars (plain tqdm, several per model), its warnings and transformers' to stderr: a
     # wall of lines in a notebook. They go to the run directory's lm_eval.log; the stage shows one bar, one step a run
