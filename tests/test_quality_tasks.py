@@ -73,6 +73,7 @@ def test_the_added_tasks_are_distinct_deterministic_and_well_formed():
     assert {r["kind"] for r in na} == {"determiner", "reflexive", "there_is_are", "has_have"}
     # a singular antecedent's bad reflexive is the other gender, never "themselves" (singular they is grammatical)
     assert not any(r["kind"] == "reflexive" and r["bad"].endswith("themselves.") for r in na)
+    assert not any(re.search(r"\ba [aeiou]", r["good"]) for r in na)      # "an apple": only the agreement is wrong
     for rows in (make_rg_numeric("gcd", 100, 0, (-2, -1, 1, 2, 3, 4), min_numbers=2, max_numbers=2, min_value=2,
                                  max_value=40), make_rg_family(100, 0)):
         assert len({r["question"] for r in rows}) == 100

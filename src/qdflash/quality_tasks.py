@@ -61,100 +61,123 @@ _ADJ = ["happy", "tired", "late", "hungry", "busy", "quiet"]
 _WHEN = ["yesterday", "last night", "this morning", "on Monday"]
 
 
-def make_agreement(n: int, seed: int) -> list[dict]:
-    """``n`` minimal pairs {"good", "bad", "kind"}, four kinds in turn."""
-    rng = random.Random(f"agreement-{seed}")
+def minimal_pairs(n: int, rng: random.Random, kinds: list[str], one) -> list[dict]:
+    """``n`` distinct minimal pairs {"good", "bad", "kind"}, the ``kinds`` in turn; ``one(rng, k)`` makes a
+    (grammatical, ungrammatical) pair of kind index ``k``."""
     rows, seen, tries = [], set(), 0
     while len(rows) < n:
         tries += 1
         if tries > 50 * n + 1000:
             raise ValueError(f"cannot make {n} distinct minimal pairs from the word lists")
-        kind = len(rows) % 4
-        sg, pl = rng.choice(_NOUNS)
-        v3, vp, compl = rng.choice(_VERBS)
-        plural = rng.random() < 0.5
-        subj = pl if plural else sg
-        if kind == 0:
-            good, bad = (f"The {subj} {vp if plural else v3} {compl}.", f"The {subj} {v3 if plural else vp} {compl}.")
-        elif kind == 1:                 # an attractor of the other number between subject and verb
-            other = rng.choice(_PLACES) + ("" if plural else "s")
-            good = f"The {subj} near the {other} {vp if plural else v3} {compl}."
-            bad = f"The {subj} near the {other} {v3 if plural else vp} {compl}."
-        elif kind == 2:
-            rest = f"{rng.choice(_ADJ)} {rng.choice(_WHEN)}"
-            good, bad = (f"The {subj} {'were' if plural else 'was'} {rest}.",
-                         f"The {subj} {'was' if plural else 'were'} {rest}.")
-        else:
-            s, v = rng.choice(_SUBJ), rng.choice(_SEEN)
-            if rng.random() < 0.5:
-                w = rng.choice(_VOWEL)
-                good, bad = f"{s} {v} an {w}.", f"{s} {v} a {w}."
-            else:
-                w = rng.choice(_CONSONANT)
-                good, bad = f"{s} {v} a {w}.", f"{s} {v} an {w}."
-        if good in seen:
-            continue
-        seen.add(good)
-        rows.append({"good": good, "bad": bad, "kind": ["agreement", "attractor", "was_were", "a_an"][kind]})
+        kind = len(rows) % len(kinds)
+        good, bad = one(rng, kind)
+        if good not in seen:
+            seen.add(good)
+            rows.append({"good": good, "bad": bad, "kind": kinds[kind]})
     return rows
 
 
-_GENDERED = [("boy", "boys", "himself"), ("girl", "girls", "herself"), ("man", "men", "himself"), ("woman", "women", "herself"),
-             ("king", "kings", "himself"), ("queen", "queens", "herself"), ("father", "fathers", "himself"),
-             ("mother", "mothers", "herself"), ("brother", "brothers", "himself"), ("sister", "sisters", "herself"),
-             ("actor", "actors", "himself"), ("actress", "actresses", "herself")]
+def make_agreement(n: int, seed: int) -> list[dict]:
+    """``n`` minimal pairs {"good", "bad", "kind"} of subject-verb agreement (with and without an attractor noun),
+    was/were and a/an, four kinds in turn."""
+    return minimal_pairs(n, random.Random(f"agreement-{seed}"), ["agreement", "attractor", "was_were", "a_an"],
+                         _agreement_pair)
+
+
+def _agreement_pair(rng: random.Random, kind: int) -> tuple[str, str]:
+    sg, pl = rng.choice(_NOUNS)
+    v3, vp, compl = rng.choice(_VERBS)
+    plural = rng.random() < 0.5
+    subj = pl if plural else sg
+    if kind == 0:
+        good, bad = (f"The {subj} {vp if plural else v3} {compl}.", f"The {subj} {v3 if plural else vp} {compl}.")
+    elif kind == 1:                 # an attractor of the other number between subject and verb
+        other = rng.choice(_PLACES) + ("" if plural else "s")
+        good = f"The {subj} near the {other} {vp if plural else v3} {compl}."
+        bad = f"The {subj} near the {other} {v3 if plural else vp} {compl}."
+    elif kind == 2:
+        rest = f"{rng.choice(_ADJ)} {rng.choice(_WHEN)}"
+        good, bad = (f"The {subj} {'were' if plural else 'was'} {rest}.",
+                     f"The {subj} {'was' if plural else 'were'} {rest}.")
+    else:
+        s, v = rng.choice(_SUBJ), rng.choice(_SEEN)
+        if rng.random() < 0.5:
+            w = rng.choice(_VOWEL)
+            good, bad = f"{s} {v} an {w}.", f"{s} {v} a {w}."
+        else:
+            w = rng.choice(_CONSONANT)
+            good, bad = f"{s} {v} a {w}.", f"{s} {v} an {w}."
+    return good, bad
+
+
+_GENDERED = [("boy", "boys", "himself"), ("girl", "girls", "herself"), ("man", "men", "himself"),
+             ("woman", "women", "herself"), ("king", "kings", "himself"), ("queen", "queens", "herself"),
+             ("father", "fathers", "himself"), ("mother", "mothers", "herself"), ("brother", "brothers", "himself"),
+             ("sister", "sisters", "herself"), ("actor", "actors", "himself"), ("actress", "actresses", "herself")]
 _REFL_VERBS = ["hurt", "saw", "praised", "blamed", "washed", "introduced", "described", "helped"]
-_THINGS = [("dog", "dogs"), ("cat", "cats"), ("book", "books"), ("car", "cars"), ("tree", "trees"), ("chair", "chairs"),
-           ("apple", "apples"), ("box", "boxes"), ("child", "children"), ("mouse", "mice"), ("bird", "birds"), ("cup", "cups")]
+_THINGS = [("dog", "dogs"), ("cat", "cats"), ("book", "books"), ("car", "cars"), ("tree", "trees"),
+           ("chair", "chairs"), ("apple", "apples"), ("box", "boxes"), ("child", "children"), ("mouse", "mice"),
+           ("bird", "birds"), ("cup", "cups")]
 _ANIMALS = [("dog", "dogs"), ("cat", "cats"), ("horse", "horses"), ("child", "children"), ("mouse", "mice"),
-            ("bird", "birds"), ("farmer", "farmers"), ("teacher", "teachers"), ("student", "students"), ("baby", "babies")]
+            ("bird", "birds"), ("farmer", "farmers"), ("teacher", "teachers"), ("student", "students"),
+            ("baby", "babies")]
 _SEE = ["I saw", "We bought", "She liked", "They found", "He wanted", "You painted"]
 _WHERE = ["in the garden", "on the table", "near the door", "under the bed", "in the kitchen", "by the river"]
 _HAVE = ["a red ball", "a new home", "many friends", "a long tail", "a big problem", "a good idea"]
 _COUNT = ["two", "three", "four", "five", "many", "several"]
+
+
 def make_number_agreement(n: int, seed: int) -> list[dict]:
-    """``n`` minimal pairs {"good", "bad", "kind"} of number and gender agreement, four kinds in turn."""
-    rng = random.Random(f"number-agreement-{seed}")
-    rows, seen, tries = [], set(), 0
-    while len(rows) < n:
-        tries += 1
-        if tries > 50 * n + 1000:
-            raise ValueError(f"cannot make {n} distinct minimal pairs from the word lists")
-        kind = len(rows) % 4
-        plural = rng.random() < 0.5
-        if kind == 0:                       # determiner and noun: this/these, that/those
-            sg, pl = rng.choice(_THINGS)
-            near = rng.random() < 0.5
-            d_sg, d_pl = ("this", "these") if near else ("that", "those")
-            s = rng.choice(_SEE)
-            noun = pl if plural else sg
-            good, bad = f"{s} {d_pl if plural else d_sg} {noun}.", f"{s} {d_sg if plural else d_pl} {noun}."
-        elif kind == 1:                     # reflexive and its antecedent
-            sg, pl, refl = rng.choice(_GENDERED)
-            v = rng.choice(_REFL_VERBS)
-            if plural:
-                good, bad = f"The {pl} {v} themselves.", f"The {pl} {v} {refl}."
-            else:                           # the other gender (a singular antecedent may take "themselves")
-                other = "herself" if refl == "himself" else "himself"
-                good, bad = f"The {sg} {v} {refl}.", f"The {sg} {v} {other}."
-        elif kind == 2:                     # existential there: is/are
-            sg, pl = rng.choice(_THINGS)
-            w = rng.choice(_WHERE)
-            if plural:
-                c = rng.choice(_COUNT)
-                good, bad = f"There are {c} {pl} {w}.", f"There is {c} {pl} {w}."
-            else:
-                good, bad = f"There is a {sg} {w}.", f"There are a {sg} {w}."
-        else:                               # has/have
-            sg, pl = rng.choice(_ANIMALS)
-            h = rng.choice(_HAVE)
-            subj = pl if plural else sg
-            good, bad = (f"The {subj} {'have' if plural else 'has'} {h}.", f"The {subj} {'has' if plural else 'have'} {h}.")
-        if good in seen:
-            continue
-        seen.add(good)
-        rows.append({"good": good, "bad": bad, "kind": ["determiner", "reflexive", "there_is_are", "has_have"][kind]})
-    return rows
+    """``n`` minimal pairs {"good", "bad", "kind"} of number and gender agreement: determiner and noun, a reflexive
+    and its antecedent, there is/are, has/have, four kinds in turn."""
+    return minimal_pairs(n, random.Random(f"number-agreement-{seed}"),
+                         ["determiner", "reflexive", "there_is_are", "has_have"], _number_pair)
+
+
+def _number_pair(rng: random.Random, kind: int) -> tuple[str, str]:
+    plural = rng.random() < 0.5
+    if kind == 0:                       # determiner and noun: this/these, that/those
+        sg, pl = rng.choice(_THINGS)
+        near = rng.random() < 0.5
+        d_sg, d_pl = ("this", "these") if near else ("that", "those")
+        s = rng.choice(_SEE)
+        noun = pl if plural else sg
+        good, bad = f"{s} {d_pl if plural else d_sg} {noun}.", f"{s} {d_sg if plural else d_pl} {noun}."
+    elif kind == 1:                     # reflexive and its antecedent
+        sg, pl, refl = rng.choice(_GENDERED)
+        v = rng.choice(_REFL_VERBS)
+        if plural:
+            good, bad = f"The {pl} {v} themselves.", f"The {pl} {v} {refl}."
+        else:                           # the other gender (a singular antecedent may take "themselves")
+            other = "herself" if refl == "himself" else "himself"
+            good, bad = f"The {sg} {v} {refl}.", f"The {sg} {v} {other}."
+    elif kind == 2:                     # existential there: is/are
+        sg, pl = rng.choice(_THINGS)
+        w = rng.choice(_WHERE)
+        if plural:
+            c = rng.choice(_COUNT)
+            good, bad = f"There are {c} {pl} {w}.", f"There is {c} {pl} {w}."
+        else:
+            a = "an" if sg[0] in "aeiou" else "a"
+            good, bad = f"There is {a} {sg} {w}.", f"There are {a} {sg} {w}."
+    else:                               # has/have
+        sg, pl = rng.choice(_ANIMALS)
+        h = rng.choice(_HAVE)
+        subj = pl if plural else sg
+        good, bad = (f"The {subj} {'have' if plural else 'has'} {h}.",
+                     f"The {subj} {'has' if plural else 'have'} {h}.")
+    return good, bad
+
+
+def _numeric_item(question: str, a: int, rng: random.Random, deltas: tuple[int, ...]) -> dict:
+    """A multiple-choice row: the answer ``a`` among four sorted non-negative options, the others at ``deltas``."""
+    opts = {a}
+    while len(opts) < 4:
+        o = a + rng.choice(deltas)
+        if o >= 0:
+            opts.add(o)
+    opts = sorted(opts)
+    return {"question": question, "choices": [str(o) for o in opts], "label": opts.index(a)}
 
 
 def make_products(n: int, seed: int) -> list[dict]:
@@ -170,14 +193,7 @@ def make_products(n: int, seed: int) -> list[dict]:
             if x["question"] in seen or len(rows) == n:
                 continue
             seen.add(x["question"])
-            a = int(x["answer"])
-            opts = {a}
-            while len(opts) < 4:
-                o = a + rng.choice([-3, -2, -1, 1, 2, 3, 10, -10])
-                if o >= 0:
-                    opts.add(o)
-            opts = sorted(opts)
-            rows.append({"question": x["question"], "choices": [str(o) for o in opts], "label": opts.index(a)})
+            rows.append(_numeric_item(x["question"], int(x["answer"]), rng, (-3, -2, -1, 1, 2, 3, 10, -10)))
     if len(rows) < n:
         raise ValueError(f"reasoning-gym gave only {len(rows)} distinct products, not {n}")
     return rows
@@ -196,13 +212,7 @@ def make_rg_numeric(family: str, n: int, seed: int, deltas: tuple[int, ...], **k
         a = int(x["answer"])
         if a < 0 or sum(a + d >= 0 for d in set(deltas)) < 3:
             raise ValueError(f"{family}: answer {a} leaves fewer than three non-negative options at {deltas}")
-        opts = {a}
-        while len(opts) < 4:
-            o = a + rng.choice(deltas)
-            if o >= 0:
-                opts.add(o)
-        opts = sorted(opts)
-        rows.append({"question": x["question"], "choices": [str(o) for o in opts], "label": opts.index(a)})
+        rows.append(_numeric_item(x["question"], a, rng, deltas))
     if len(rows) < n:
         raise ValueError(f"reasoning-gym gave only {len(rows)} distinct {family} questions, not {n}")
     return rows
