@@ -34,7 +34,8 @@ def main() -> None:
     from qdflash.config import EvalConfig, load_config
     from qdflash.evaluation import bootstrap_mean_ci, evaluate_model, item_scores
     from qdflash.models import resolve_target
-    from qdflash.quality_tasks import CHANCE, QUALITY_TASKS, paired_between, relative_to_teacher, write_quality_tasks
+    from qdflash.quality_tasks import (CHANCE, QUALITY_TASKS, paired_between, relative_to_teacher, value_rank_floor,
+                                       write_quality_tasks)
     from qdflash.runio import provenance, read_json, write_json
     t0 = time.time()
     runs = Path(args.runs)
@@ -48,6 +49,8 @@ def main() -> None:
     models.update({k: str(runs / "01_qad" / qm["names"][k]) for k in ("rtn", "gptq", "qad")})
     task_dir = Path("/tmp") / f"quality-tasks-{os.getpid()}"      # the items are rebuilt from their seed
     qtasks = write_quality_tasks(task_dir, args.n, tasks=tasks)
+    # the best question-blind rule of each multiple-choice task (the minimal pairs have none: one sentence scored alone)
+    floors = {t: value_rank_floor(QUALITY_TASKS[t][0](args.n, 0)) for t in qtasks if QUALITY_TASKS[t][1] == "question"}
     items, scores = {}, {}
     with open(task_dir / "lm_eval.log", "w") as log:
         for name, path in tqdm(models.items(), desc="lm-eval runs", unit="model"):
@@ -61,6 +64,7 @@ def main() -> None:
            "provenance": provenance(), "stage01_git_sha": qm.get("git_sha"),
            "stage01_cpu": (read_json(runs / "01_qad" / "run.json").get("cpu") or {}).get("model"),
            "dtype": cfg.dtype, "tasks": list(qtasks), "chance": {t: CHANCE[t] for t in qtasks},
+           "value_rank_floor": floors,
            "stage06_tasks": list(EvalConfig.__dataclass_fields__["quality_tasks"].default),
            "scores": scores, "vs_teacher": relative_to_teacher(items), "paired": paired_between(items),
            "item_scores": items, "wall_s": round(time.time() - t0, 1)}

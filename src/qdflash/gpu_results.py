@@ -1374,7 +1374,8 @@ def swa_long_summary(path: str | Path) -> str:
 
 
 def quality_tasks_table(path: str | Path) -> pd.DataFrame:
-    """``benchmarks/quality_tasks.py``'s output, one row per task: chance, items, each model's accuracy, QAD's fraction
+    """``benchmarks/quality_tasks.py``'s output, one row per task: chance, the best rule that ignores the question
+    (``quality_tasks.value_rank_floor``; blank for the minimal pairs), items, each model's accuracy, QAD's fraction
     of the teacher's, and QAD minus GPTQ and minus RTN paired over the same items (95% bootstrap intervals over items);
     "stage 06" marks the tasks stage 06 scores too."""
     r = read_json(path)
@@ -1382,8 +1383,9 @@ def quality_tasks_table(path: str | Path) -> pd.DataFrame:
     rows = []
     for t in r["tasks"]:
         s = r["scores"]
+        floor = (r.get("value_rank_floor") or {}).get(t)
         row = {"task": t + (" (stage 06)" if t in r.get("stage06_tasks", ()) else ""), "chance": r["chance"][t],
-               "items": s["teacher"][t]["items"]}
+               "best question-blind rule": "" if floor is None else round(floor, 3), "items": s["teacher"][t]["items"]}
         for m in ("teacher", "rtn", "gptq", "qad"):
             row[f"{m} acc"] = f"{s[m][t]['acc']:.3f} ({ci(*s[m][t]['acc_ci95'])})"
         v = r["vs_teacher"]["qad"][t]
@@ -1408,6 +1410,12 @@ def quality_tasks_summary(path: str | Path) -> str:
                      f"tasks: above on {', '.join(f'`{t}`' for t in above) or 'none'}, below on "
                      f"{', '.join(f'`{t}`' for t in below) or 'none'}.")
     return (f"{' '.join(parts)} Every model in {r['dtype']}, one stage-01 run (one QAD training seed), items scored by "
-            f"lm-eval log-likelihood through the chat template; {machine_of(r)}, commit "
-            f"`{str(p.get('git_sha', '?'))[:12]}` (stage 01 at `{str(r.get('stage01_git_sha', '?'))[:12]}`, "
-            f"{r.get('stage01_cpu', '?')}).\n")
+            f"lm-eval log-likelihood through the chat template; {machine_of(r)}, commit `{_short_sha(p.get('git_sha'))}` "
+            f"(stage 01 at `{_short_sha(r.get('stage01_git_sha'))}`, {r.get('stage01_cpu', '?')}).\n")
+
+
+def _short_sha(sha: str | None) -> str:
+    """A commit as 12 hex digits, keeping a ``-dirty`` mark."""
+    if not sha:
+        return "?"
+    return sha[:12] + ("-dirty" if sha.endswith("-dirty") else "")
