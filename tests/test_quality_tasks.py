@@ -5,9 +5,10 @@ import re
 
 import pytest
 
-from qdflash.quality_tasks import (CHANCE, QUALITY_TASKS, STAGE06_QUALITY_TASKS, make_agreement,
-                                   make_number_agreement, make_products, make_rg_family, make_rg_numeric,
-                                   paired_between, relative_to_teacher, write_quality_tasks)
+from qdflash.quality_tasks import (CHANCE, QUALITY_TASKS, STAGE06_QUALITY_TASKS, exchangeable_items, make_agreement,
+                                   make_number_agreement, make_products, make_rg_family, make_rg_gcd,
+                                   make_rg_letter_counting, paired_between, relative_to_teacher, value_rank_floor,
+                                   write_quality_tasks)
 
 
 def _oracle_lm(right: bool):
@@ -74,15 +75,29 @@ def test_the_added_tasks_are_distinct_deterministic_and_well_formed():
     # a singular antecedent's bad reflexive is the other gender, never "themselves" (singular they is grammatical)
     assert not any(r["kind"] == "reflexive" and r["bad"].endswith("themselves.") for r in na)
     assert not any(re.search(r"\ba [aeiou]", r["good"]) for r in na)      # "an apple": only the agreement is wrong
-    for rows in (make_rg_numeric("gcd", 100, 0, (-2, -1, 1, 2, 3, 4), min_numbers=2, max_numbers=2, min_value=2,
-                                 max_value=40), make_rg_family(100, 0)):
-        assert len({r["question"] for r in rows}) == 100
+    for rows in (make_rg_gcd(400, 0), make_rg_letter_counting(400, 0), make_rg_family(400, 0)):
+        assert len({r["question"] for r in rows}) == 400
         assert all(len(set(r["choices"])) == 4 and 0 <= r["label"] < 4 for r in rows)
-        assert len({r["label"] for r in rows}) > 1
-    gcd = make_rg_numeric("gcd", 100, 0, (-2, -1, 1, 2, 3, 4), min_numbers=2, max_numbers=2, min_value=2, max_value=40)
-    for r in gcd:                         # the labelled choice is the GCD of the question's two numbers
+        # every slot holds the answer often: no rule that picks one slot of the sorted options comes near 0.5
+        assert value_rank_floor(rows) < 0.42
+    for r in make_rg_gcd(400, 0):           # the labelled choice is the GCD of the question's two numbers
         a, b = map(int, re.search(r"numbers: (\d+), (\d+)", r["question"]).groups())
         assert int(r["choices"][r["label"]]) == math.gcd(a, b)
+    for r in make_rg_letter_counting(400, 0):   # ... the count of the letter in the quoted text, either case
+        letter, text = re.search(r'letter "(.)" appear in the text: "(.*)"\?', r["question"], re.S).groups()
+        assert int(r["choices"][r["label"]]) == text.lower().count(letter.lower())
+
+
+def test_exchangeable_items_label_the_answer_among_other_answers_and_the_floor_reads_the_slots():
+    import random
+    qa = [(f"q{i}", str(i % 6)) for i in range(60)]
+    rows = exchangeable_items(qa, random.Random(0), sort_key=int)
+    assert all(r["choices"][r["label"]] == a for r, (_, a) in zip(rows, qa))
+    assert all(r["choices"] == sorted(r["choices"], key=int) and set(r["choices"]) <= {str(k) for k in range(6)}
+               for r in rows)
+    with pytest.raises(ValueError, match="fewer than four distinct answers"):
+        exchangeable_items([("a", "1"), ("b", "2"), ("c", "3")], random.Random(0))
+    assert value_rank_floor([{"label": 0}] * 3 + [{"label": 2}]) == 0.75
 
 
 def test_items_are_distinct_deterministic_and_mixed():
@@ -139,17 +154,24 @@ def test_the_benchmark_table_and_summary_read_the_paired_differences(tmp_path):
     scores = {m: {t: {"acc": a + 0.01 * i, "acc_ci95": [a - 0.05, a + 0.05], "items": 400} for i, t in enumerate(tasks)}
               for m, a in acc.items()}
     d = lambda x, lo, hi: {"diff": x, "diff_ci95": [lo, hi], "a": 0, "b": 0, "items": 400}      # noqa: E731
-    out = {"tasks": tasks, "chance": {t: CHANCE[t] for t in tasks}, "stage06_tasks": ["local_agreement"],
+    out = {"tasks": tasks + ["local_rg_products"], "chance": {t: CHANCE[t] for t in tasks + ["local_rg_products"]},
+           "stage06_tasks": ["local_agreement"], "value_rank_floor": {"local_rg_gcd": 0.3, "local_rg_products": 0.9},
            "dtype": "bfloat16", "provenance": {"git_sha": "abc123", "cpu": {"model": "Test CPU"}},
            "stage01_git_sha": "def456", "stage01_cpu": "Test CPU", "scores": scores,
            "vs_teacher": {"qad": {t: {"fraction_of_teacher": 0.94, "fraction_ci95": [0.9, 0.98]} for t in tasks}},
            "paired": {"qad - gptq": {"local_agreement": d(-0.04, -0.07, -0.02), "local_rg_gcd": d(0.05, 0.01, 0.09),
                                      "local_rg_family": d(0.01, -0.02, 0.04)},
                       "qad - rtn": {t: d(0.1, 0.05, 0.15) for t in tasks}}}
+    for m in acc:                       # a task whose teacher sits at its question-blind rule: left out of the counts
+        scores[m]["local_rg_products"] = {"acc": 0.88, "acc_ci95": [0.85, 0.91], "items": 400}
+    out["vs_teacher"]["qad"]["local_rg_products"] = {"fraction_of_teacher": 1.0, "fraction_ci95": [0.95, 1.05]}
+    for k in out["paired"]:
+        out["paired"][k]["local_rg_products"] = d(0.2, 0.1, 0.3)
     path = tmp_path / "q.json"
     path.write_text(json.dumps(out))
     tab = quality_tasks_table(path)
-    assert list(tab.index) == ["local_agreement (stage 06)", "local_rg_gcd", "local_rg_family"]
+    assert list(tab.index) == ["local_agreement (stage 06)", "local_rg_gcd", "local_rg_family", "local_rg_products"]
+    assert tab.loc["local_rg_gcd", "best question-blind rule"] == 0.3 and tab.loc["local_rg_family", "best question-blind rule"] == ""
     assert tab.loc["local_rg_gcd", "gptq acc"].startswith("0.810 ")
     assert tab.loc["local_agreement (stage 06)", "QAD minus GPTQ (paired)"] == "-0.040 (-0.070–-0.020)"
     assert tab.loc["local_rg_family", "chance"] == 0.25
@@ -157,3 +179,19 @@ def test_the_benchmark_table_and_summary_read_the_paired_differences(tmp_path):
     assert ("QAD minus GPTQ excludes zero on 2 of 3 tasks: above on `local_rg_gcd`, below on `local_agreement`."
             in s)
     assert "QAD minus RTN excludes zero on 3 of 3 tasks" in s and "Test CPU" in s and "`abc123`" in s
+    assert "Left out: `local_rg_products`" in s
+
+
+def test_stage06_task_files_are_byte_for_byte_what_the_committed_results_used(tmp_path):
+    """The YAMLs of stage 06's two tasks as the committed `results/smol` run wrote them (a changed delimiter, prompt or
+    target would change what the scores mean)."""
+    write_quality_tasks(tmp_path, 4)
+    tail = ("output_type: multiple_choice\ntest_split: test\nmetric_list:\n  - metric: acc\n    aggregation: mean\n"
+            "    higher_is_better: true\n")
+    assert (tmp_path / "local_agreement.yaml").read_text() == (
+        f"task: local_agreement\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path}/agreement.jsonl\n"
+        'doc_to_text: ""\ndoc_to_choice: "{{[good, bad]}}"\ndoc_to_target: 0\ntarget_delimiter: ""\n' + tail)
+    assert (tmp_path / "local_rg_products.yaml").read_text() == (
+        f"task: local_rg_products\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tmp_path}/rg_products.jsonl\n"
+        'doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: label\n' + tail)

@@ -1398,20 +1398,27 @@ def quality_tasks_table(path: str | Path) -> pd.DataFrame:
 
 
 def quality_tasks_summary(path: str | Path) -> str:
-    """Where QAD minus GPTQ (and minus RTN) excludes zero, by task, with the machine, commit and what it rests on."""
+    """Where QAD minus GPTQ (and minus RTN) excludes zero, by task, leaving out the tasks whose teacher does not clear
+    the best question-blind rule (its interval reaches the rule's score: a model difference there says nothing), with
+    the machine, commit and what it rests on."""
     r = read_json(path)
-    p = r.get("provenance") or {}
+    p, floors = r.get("provenance") or {}, r.get("value_rank_floor") or {}
+    at_floor = [t for t in r["tasks"] if t in floors and r["scores"]["teacher"][t]["acc_ci95"][0] <= floors[t]]
+    tasks = [t for t in r["tasks"] if t not in at_floor]
     parts = []
     for other in ("gptq", "rtn"):
         ds = r["paired"][f"qad - {other}"]
-        above = [t for t in r["tasks"] if ds[t]["diff_ci95"][0] > 0]
-        below = [t for t in r["tasks"] if ds[t]["diff_ci95"][1] < 0]
-        parts.append(f"QAD minus {other.upper()} excludes zero on {len(above) + len(below)} of {len(r['tasks'])} "
+        above = [t for t in tasks if ds[t]["diff_ci95"][0] > 0]
+        below = [t for t in tasks if ds[t]["diff_ci95"][1] < 0]
+        parts.append(f"QAD minus {other.upper()} excludes zero on {len(above) + len(below)} of {len(tasks)} "
                      f"tasks: above on {', '.join(f'`{t}`' for t in above) or 'none'}, below on "
                      f"{', '.join(f'`{t}`' for t in below) or 'none'}.")
-    return (f"{' '.join(parts)} Every model in {r['dtype']}, one stage-01 run (one QAD training seed), items scored by "
-            f"lm-eval log-likelihood through the chat template; {machine_of(r)}, commit `{_short_sha(p.get('git_sha'))}` "
-            f"(stage 01 at `{_short_sha(r.get('stage01_git_sha'))}`, {r.get('stage01_cpu', '?')}).\n")
+    floor_text = (f"Left out: {', '.join(f'`{t}`' for t in at_floor)}, where the teacher's interval reaches the best "
+                  f"rule that ignores the question (the teacher cannot do them; nothing to keep). " if at_floor else "")
+    return (f"{' '.join(parts)} {floor_text}Every model in {r['dtype']}, one stage-01 run (one QAD training seed), "
+            f"items scored by lm-eval log-likelihood through the chat template; {machine_of(r)}, commit "
+            f"`{_short_sha(p.get('git_sha'))}` (stage 01 at `{_short_sha(r.get('stage01_git_sha'))}`, "
+            f"{r.get('stage01_cpu', '?')}).\n")
 
 
 def _short_sha(sha: str | None) -> str:

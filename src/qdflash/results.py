@@ -207,7 +207,7 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
         cpus = {(c.get("model"), c.get("cores")) for c in (read_json(root / s / "run.json").get("cpu") or {}
                                                            for s in finished_stages(root) if (root / s / "run.json").exists())}
         model, cores = next(iter(cpus)) if len(cpus) == 1 else (None, None)
-        where = f" on one {model} machine, {cores} cores, one run" if model and cores else " (one run)"
+        where = f" on {model}, {cores} cores, one run" if model and cores else " (one run)"
         notes.insert(0, f"Wall time of the `{preset}` run, all stages: {st['wall time s']['total']:.0f} s{where}.")
     import textwrap
     wrap = lambda t: textwrap.fill(t, 118, break_long_words=False, break_on_hyphens=False)   # noqa: E731
@@ -703,9 +703,9 @@ def _quality_tasks(reads: list[Path], root: Path) -> str:
     from .gpu_results import machine_of, quality_tasks_summary, quality_tasks_table
     out = ""
     for path in reads:
-        out += ("\n" + table_markdown(quality_tasks_table(path), f"Quality kept on every log-likelihood task the "
-                                       f"teacher can do, {machine_of(read_json(path))} (`{rel(path)}`): accuracy "
-                                       f"and paired differences, 95% bootstrap intervals over items", LEVEL)
+        out += ("\n" + table_markdown(quality_tasks_table(path), f"Quality kept on stage 06's log-likelihood tasks "
+                                       f"and four candidates, {machine_of(read_json(path))} (`{rel(path)}`): "
+                                       f"accuracy and paired differences, 95% bootstrap intervals over items", LEVEL)
                 + "\n" + quality_tasks_summary(path))
     return out
 
