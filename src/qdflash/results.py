@@ -203,9 +203,9 @@ def readme_block(preset: str, root: str | Path | None = None) -> str:
     from .figures import stage_times_table
     st = stage_times_table(root)
     if len(st):
-        # the machine where every stage ran on one kind (a wall time of one run, not a median of repetitions)
-        cpus = {(c.get("model"), c.get("cores")) for c in (read_json(root / s / "run.json").get("cpu") or {}
-                                                           for s in finished_stages(root) if (root / s / "run.json").exists())}
+        # the CPU model every stage recorded, if one (a wall time of one run, not a median of repetitions)
+        runs = [root / s / "run.json" for s in finished_stages(root) if (root / s / "run.json").exists()]
+        cpus = {(c.get("model"), c.get("cores")) for c in (read_json(r).get("cpu") or {} for r in runs)}
         model, cores = next(iter(cpus)) if len(cpus) == 1 else (None, None)
         where = f" on {model}, {cores} cores, one run" if model and cores else " (one run)"
         notes.insert(0, f"Wall time of the `{preset}` run, all stages: {st['wall time s']['total']:.0f} s{where}.")
@@ -697,8 +697,8 @@ def _swa_long(reads: list[Path], root: Path) -> str:
 
 
 def _quality_tasks(reads: list[Path], root: Path) -> str:
-    """Every log-likelihood quality task, the teacher and a run's three INT4 targets (``benchmarks/quality_tasks.py``;
-    reads: its JSON): the table and where the paired differences exclude zero."""
+    """Stage 06's log-likelihood quality tasks and the candidates, the teacher and a run's three INT4 targets
+    (``benchmarks/quality_tasks.py``; reads: its JSON): the table and where the paired differences exclude zero."""
     from .figures import table_markdown
     from .gpu_results import machine_of, quality_tasks_summary, quality_tasks_table
     out = ""
