@@ -34,9 +34,9 @@ def main() -> None:
     from qdflash.config import EvalConfig, load_config
     from qdflash.evaluation import bootstrap_mean_ci, evaluate_model, item_scores
     from qdflash.models import resolve_target
-    from qdflash.quality_tasks import (CHANCE, QUALITY_TASKS, paired_between, relative_to_teacher, value_rank_floor,
-                                       write_quality_tasks)
-    from qdflash.runio import provenance, read_json, write_json
+    from qdflash.quality_tasks import (CHANCE, QUALITY_TASKS, paired_between, relative_to_teacher, task_data_file,
+                                       value_rank_floor, write_quality_tasks)
+    from qdflash.runio import provenance, read_json, read_jsonl, write_json
     t0 = time.time()
     runs = Path(args.runs)
     for stage in ("00_data", "01_qad"):
@@ -50,7 +50,8 @@ def main() -> None:
     task_dir = Path("/tmp") / f"quality-tasks-{os.getpid()}"      # the items are rebuilt from their seed
     qtasks = write_quality_tasks(task_dir, args.n, tasks=tasks)
     # the best question-blind rule of each multiple-choice task (the minimal pairs have none: one sentence scored alone)
-    floors = {t: value_rank_floor(QUALITY_TASKS[t][0](args.n, 0)) for t in qtasks if QUALITY_TASKS[t][1] == "question"}
+    floors = {t: value_rank_floor(read_jsonl(task_data_file(task_dir, t))) for t in qtasks
+              if QUALITY_TASKS[t][1] == "question"}
     items, scores = {}, {}
     with open(task_dir / "lm_eval.log", "w") as log:
         for name, path in tqdm(models.items(), desc="lm-eval runs", unit="model"):

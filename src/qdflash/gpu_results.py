@@ -271,7 +271,7 @@ def cpu_int4_kernel_text(run: str | Path, fp_rounds: str | Path | None, earlier_
     names = {"fp-plain": "FP bf16", "qad-plain": "QAD"}
     spec, w8p, w8s = res[f"qad-spec-k{best}"], res.get("qad-plain-w4a8"), res.get(f"qad-spec-k{best}-w4a8")
     n = sum(len(v) for v in r["prompt_tokens"].values())
-    sha = lambda x: str(x["git_sha"])[:7] + ("-dirty" if str(x["git_sha"]).endswith("dirty") else "")  # noqa: E731
+    sha = lambda x: _short_sha(str(x["git_sha"]), 7)  # noqa: E731
     path = vllm_int4_path(r)
     if path != "W4A16":
         raise ValueError(f"{run}: its QAD rows did not record W4A16 INT4 layers ({path})")
@@ -1380,9 +1380,8 @@ def quality_tasks_table(path: str | Path) -> pd.DataFrame:
     "stage 06" marks the tasks stage 06 scores too."""
     r = read_json(path)
     ci = lambda lo, hi, sign="": f"{lo:{sign}.3f}–{hi:{sign}.3f}"       # noqa: E731
-    rows = []
+    rows, s = [], r["scores"]
     for t in r["tasks"]:
-        s = r["scores"]
         floor = (r.get("value_rank_floor") or {}).get(t)
         row = {"task": t + (" (stage 06)" if t in r.get("stage06_tasks", ()) else ""), "chance": r["chance"][t],
                "best question-blind rule": "" if floor is None else round(floor, 3), "items": s["teacher"][t]["items"]}
@@ -1421,8 +1420,8 @@ def quality_tasks_summary(path: str | Path) -> str:
             f"{r.get('stage01_cpu', '?')}).\n")
 
 
-def _short_sha(sha: str | None) -> str:
-    """A commit as 12 hex digits, keeping a ``-dirty`` mark."""
+def _short_sha(sha: str | None, n: int = 12) -> str:
+    """A commit as ``n`` hex digits, keeping a ``-dirty`` mark."""
     if not sha:
         return "?"
-    return sha[:12] + ("-dirty" if sha.endswith("-dirty") else "")
+    return sha[:n] + ("-dirty" if sha.endswith("-dirty") else "")

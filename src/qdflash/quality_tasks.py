@@ -275,6 +275,11 @@ QUALITY_TASKS = {
 }
 
 
+def task_data_file(task_dir: Path, task: str) -> Path:
+    """Where ``write_quality_tasks`` puts a task's items (JSONL) in ``task_dir``."""
+    return task_dir / f"{task.removeprefix('local_')}.jsonl"
+
+
 def write_quality_tasks(task_dir: Path, n: int, seed: int = 0,
                         tasks: tuple[str, ...] = STAGE06_QUALITY_TASKS) -> dict[str, str]:
     """Data and lm-eval YAMLs of ``tasks`` (names in ``QUALITY_TASKS``), ``n`` items each, in ``task_dir``; returns
@@ -292,7 +297,7 @@ metric_list:
 """
     for task in tasks:
         make, kind = QUALITY_TASKS[task]
-        data = task_dir / f"{task.removeprefix('local_')}.jsonl"
+        data = task_data_file(task_dir, task)
         write_jsonl(data, make(n, seed))
         if kind == "pairs":             # the grammatical sentence against its minimal pair, as the whole reply
             body = 'doc_to_text: ""\ndoc_to_choice: "{{[good, bad]}}"\ndoc_to_target: 0\ntarget_delimiter: ""\n'
